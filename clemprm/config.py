@@ -1,0 +1,102 @@
+"""The pipeline configuration: loading, schema validation with errors that name the key, and provenance.
+
+The schema (``clemprm/config.schema.yaml``) is the single description of every key; the Snakefile, the
+rule scripts and the tests all validate through :func:`validate_config`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = REPO_ROOT / "config.yaml"
+
+# Packages whose versions are written next to every output.
+TRACKED_PACKAGES = ("clemprm", "clemcore", "torch", "transformers", "peft", "trl", "bitsandbytes",
+                    "datasets", "pyarrow", "snakemake")
+
+
+class ConfigError(ValueError):
+    """A configuration value that the schema rejects; the message names the offending key."""
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def validate_config(config: dict) -> dict:
+    """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged."""
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        first = errors[0]
+        key = ".".join(str(part) for part in first.absolute_path) or "<top level>"
+        if first.validator == "additionalProperties":
+            extra = sorted(set(first.instance) - set(first.schema.get("properties", {})))
+            key = ".".join(filter(None, [key if first.absolute_path else "", extra[0]]))
+            raise ConfigError(f"config key '{key}': unknown key (allowed: "
+                              f"{', '.join(sorted(first.schema.get('properties', {})))})")
+        raise ConfigError(f"config key '{key}': {first.message}")
+    return config
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Return ``base`` updated recursively with ``override`` (dicts merge, everything else replaces)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+    """Load the default config, merge a user config file and overrides on top, validate."""
+    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    if path is not None and Path(path).resolve() != DEFAULT_CONFIG_PATH:
+        config = deep_merge(config, yaml.safe_load(Path(path).read_text()) or {})
+    if overrides:
+        config = deep_merge(config, overrides)
+    return validate_config(config)
+
+
+def sorted_dict(value: Any) -> Any:
+    """Recursively sort dict keys, so a reordered config section compares (and hashes) equal."""
+    if isinstance(value, dict):
+        return {key: sorted_dict(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_dict(item) for item in value]
+    return value
+
+
+def sections(config: dict, *names: str) -> dict:
+    """The named config sections as one key-sorted dict: a rule's ``params`` (its rerun trigger)."""
+    return sorted_dict({name: config[name] for name in names})
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in TRACKED_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def provenance(settings: dict) -> dict:
+    """What made an output: the settings (config sections) it was computed from and package versions."""
+    return {"config": sorted_dict(settings), "versions": package_versions()}
+
+
+def provenance_json(settings: dict) -> str:
+    return json.dumps(provenance(settings), sort_keys=True)

@@ -1,0 +1,278 @@
+"""The rollout engine: plays many clemcore games in lockstep, one batched generation call per step.
+
+Every stage that plays games (base rollouts, branch points, K-rollout labels, searches) uses this module.
+Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path in DESIGN.md section 4):
+
+* lockstep: each :meth:`RolloutEngine.step`, every episode waiting for a model answer is answered by one
+  ``generate`` call per model (the model micro-batches by token budget, sorted by length);
+* forkable: :meth:`Episode.fork` deep-copies a game at any turn; models return themselves from
+  ``__deepcopy__``, so the language model is shared, never copied;
+* isolated: an exception in one episode (game code, scorer, a too-long prompt) is recorded on that episode,
+  which ends there; the others go on.
+
+A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
+max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.PolicyModel`, or a scripted policy in tests).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass
+
+from clemprm.catalog import GameCatalog, Instance
+from clemprm.clemcore_setup import import_clemcore
+
+log = logging.getLogger(__name__)
+
+
+def derive_seed(*parts) -> int:
+    """A 63-bit seed from any parts (base seed, stage, episode id, turn): stable across machines and runs."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def merge_roles(messages: list[dict]) -> list[dict]:
+    """Messages as a model backend sends them: consecutive same-role messages joined (clemcore's rule)."""
+    import_clemcore()
+    from clemcore.backends.utils import ensure_alternating_roles
+
+    return [{"role": m["role"], "content": m["content"]} for m in ensure_alternating_roles(messages)]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+
+def _recorder_class():
+    import_clemcore()
+    from clemcore.clemgame import GameInteractionsRecorder
+
+    class EpisodeRecorder(GameInteractionsRecorder):
+        """clemcore's interactions recorder (what the game's scorer reads) that also counts rule violations."""
+
+        violations = 0
+
+        def count_request_violation(self):
+            self.violations += 1
+            super().count_request_violation()
+
+    return EpisodeRecorder
+
+
+class Episode:
+    """One game being played: the clemcore env, its interactions recorder, and the turn records."""
+
+    def __init__(self, episode_id: str, instance: Instance, seed: int, env, recorder, benchmark):
+        self.episode_id = episode_id
+        self.instance = instance
+        self.seed = seed
+        self.env = env
+        self.recorder = recorder
+        self.benchmark = benchmark
+        self.turns: list[dict] = []
+        self.error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or not self.env.agents
+
+    def fail(self, error: BaseException | str) -> None:
+        if isinstance(error, BaseException):
+            error = "".join(traceback.format_exception_only(type(error), error)).strip()
+        log.warning("episode %s failed: %s", self.episode_id, error)
+        self.error = error
+
+    def fork(self, episode_id: str | None = None, seed: int | None = None) -> "Episode":
+        """An independent copy of this game at its current turn (the models are shared, not copied)."""
+        shared = {id(self.benchmark): self.benchmark, id(self.benchmark.game_spec): self.benchmark.game_spec}
+        env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns), shared)
+        clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
+                        env, recorder, self.benchmark)
+        clone.turns, clone.error = turns, self.error
+        return clone
+
+    def drain_finished_agents(self) -> None:
+        """Step terminated agents out (PettingZoo's final None step) until a live agent moves or none is left."""
+        env = self.env
+        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
+            env.step(None)
+
+    def scores(self) -> dict:
+        """The game's own scorer on the recorded interactions ("episode scores")."""
+        scorer = self.benchmark.create_game_scorer(self.instance.experiment, self.instance.instance)
+        scorer.compute_scores(self.recorder.interactions)
+        return scorer.scores["episode scores"]
+
+    def record(self, policy: str, sampling: Sampling) -> dict:
+        """The episode as a row of :data:`clemprm.records.EPISODES`."""
+        scores = {}
+        if self.error is None:
+            if not self.done:
+                self.fail("episode not finished")
+            else:
+                try:
+                    scores = self.scores()
+                except Exception as error:  # a scorer bug ends this episode only
+                    self.fail(error)
+        aborted = self.error is not None or bool(scores.get("Aborted", 1))
+        bench_score = float(scores.get("Main Score", math.nan)) if not aborted else math.nan
+        game, experiment, game_id = self.instance.key
+        return {
+            "episode_id": self.episode_id, "game": game, "experiment": experiment, "game_id": game_id,
+            "split": self.instance.split, "policy": policy, "seed": self.seed,
+            "temperature": sampling.temperature, "n_turns": len(self.turns), "aborted": aborted,
+            "lost": not aborted and bool(scores.get("Lose", 0)),
+            "success": not aborted and bool(scores.get("Success", 0)),
+            "bench_score": bench_score, "error": self.error,
+            "episode_scores": json.dumps(scores, default=float, sort_keys=True), "turns": self.turns,
+        }
+
+
+class Progress:
+    """Log lines with episodes done, turns/s and generated tokens/s, at most every ``every`` seconds."""
+
+    def __init__(self, total: int, label: str, every: float = 10.0):
+        self.total, self.label, self.every = total, label, every
+        self.start = self.last = time.perf_counter()
+        self.turns = self.tokens = 0
+
+    def update(self, done: int, turns: int, tokens: int, force: bool = False) -> None:
+        self.turns += turns
+        self.tokens += tokens
+        now = time.perf_counter()
+        if force or now - self.last >= self.every:
+            self.last = now
+            elapsed = max(now - self.start, 1e-9)
+            log.info("%s: %d/%d episodes done, %d turns (%.1f/s), %d tokens generated (%.1f/s), %.0f s",
+                     self.label, done, self.total, self.turns, self.turns / elapsed, self.tokens,
+                     self.tokens / elapsed, elapsed)
+
+
+class RolloutEngine:
+    """Starts episodes from a :class:`GameCatalog` and plays them in lockstep."""
+
+    def __init__(self, catalog: GameCatalog, sampling: Sampling):
+        import_clemcore()
+        self.catalog = catalog
+        self.sampling = sampling
+        self._recorder_cls = _recorder_class()
+
+    def start(self, instance: Instance, models: list, episode_id: str, seed: int) -> Episode:
+        """Set up a game (clemcore's reset); ``models`` gives one model per player, or one for all players."""
+        from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList
+        from clemcore.clemgame.envs.pettingzoo.master import GameMasterEnv
+
+        recorder_cls, recorders = self._recorder_cls, []
+
+        class AttachRecorder(GameBenchmarkCallback):
+            def on_game_start(self, game_master, game_instance):
+                recorder = recorder_cls(game_master.game_spec.game_name, game_master.experiment["name"],
+                                        game_instance["game_id"], "", {})
+                for player in game_master.get_players():
+                    recorder.log_player(player.name, player.game_role, player.model.name)
+                game_master.register(recorder)
+                recorders.append(recorder)
+
+        benchmark = self.catalog.benchmarks[instance.game]
+        env = GameMasterEnv(benchmark, callbacks=GameBenchmarkCallbackList([AttachRecorder()]))
+        episode = Episode(episode_id, instance, seed, env, None, benchmark)
+        try:
+            env.reset(options={"player_models": list(models), "experiment": copy.deepcopy(instance.experiment),
+                               "game_instance": copy.deepcopy(instance.instance)})
+            env.callbacks = GameBenchmarkCallbackList()  # the recorder is attached; forks need no callback
+            episode.recorder = recorders[0]
+            episode.drain_finished_agents()
+        except Exception as error:
+            episode.env.agents = []
+            episode.fail(error)
+        return episode
+
+    def step(self, episodes: list[Episode], sampling: Sampling | None = None) -> tuple[int, int]:
+        """Answer every episode that waits for a model: one ``generate`` call per model. Returns (turns, tokens)."""
+        sampling = sampling or self.sampling
+        waiting: dict[int, list] = {}  # id(model) -> [(episode, player, messages)]
+        models = {}
+        for episode in episodes:
+            if episode.done:
+                continue
+            try:
+                agent = episode.env.agent_selection
+                player = episode.env.player_by_agent_id[agent]
+                messages = merge_roles(player.perceive_context(episode.env.observe(agent)))
+            except Exception as error:
+                episode.fail(error)
+                continue
+            models[id(player.model)] = player.model
+            waiting.setdefault(id(player.model), []).append((episode, player, messages))
+
+        turns = tokens = 0
+        for model_id, items in waiting.items():
+            model = models[model_id]
+            try:
+                generations = model.generate(
+                    [messages for _, _, messages in items],
+                    seeds=[derive_seed(episode.seed, len(episode.turns)) for episode, _, _ in items],
+                    temperature=sampling.temperature, top_p=sampling.top_p,
+                    max_new_tokens=sampling.max_new_tokens)
+            except Exception as error:  # the whole call failed (e.g. out of memory): these episodes end
+                for episode, _, _ in items:
+                    episode.fail(error)
+                continue
+            for (episode, player, messages), generation in zip(items, generations):
+                turns += 1
+                tokens += generation.new_tokens
+                if generation.error:
+                    episode.fail(generation.error)
+                    continue
+                self._apply(episode, player, messages, generation)
+        return turns, tokens
+
+    @staticmethod
+    def _apply(episode: Episode, player, messages: list[dict], generation) -> None:
+        """Give the answer to the player's memory and the game; record the turn."""
+        try:
+            player.perceive_response(generation.text, metadata={
+                "prompt": messages, "response_object": {"raw_text": generation.raw_text}})
+            violations_before = episode.recorder.violations
+            episode.env.step(generation.text)
+            episode.turns.append({
+                "turn_idx": len(episode.turns), "player": player.name, "game_role": player.game_role,
+                "messages": messages, "response": generation.text,
+                "parse_ok": episode.recorder.violations == violations_before,
+                "prompt_tokens": generation.prompt_tokens, "new_tokens": generation.new_tokens})
+            episode.drain_finished_agents()
+        except Exception as error:
+            episode.fail(error)
+
+    def run(self, episodes: list[Episode], label: str = "rollouts", sampling: Sampling | None = None) -> list[Episode]:
+        """Step all episodes in lockstep until every one is done."""
+        progress = Progress(len(episodes), label)
+        while True:
+            live = [episode for episode in episodes if not episode.done]
+            if not live:
+                break
+            turns, tokens = self.step(live, sampling)
+            progress.update(sum(episode.done for episode in episodes), turns, tokens)
+        progress.update(len(episodes), 0, 0, force=True)
+        return episodes
+
+    def play(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,
+             policy_name: str) -> list[dict]:
+        """Play every instance ``repeats`` times and return the episode records."""
+        episodes = []
+        for instance in instances:
+            for repeat in range(repeats):
+                game, experiment, game_id = instance.key
+                episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
+                episodes.append(self.start(instance, models, episode_id, derive_seed(base_seed, stage, episode_id)))
+        self.run(episodes, label=stage)
+        return [episode.record(policy_name, self.sampling) for episode in episodes]

@@ -1,0 +1,99 @@
+"""Record files: the parquet schemas of every stage's output and the one writer/reader for them.
+
+Every file carries its provenance (config sections and package versions) in the parquet schema metadata
+under the key ``clemprm``; :func:`read_provenance` returns it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+MESSAGES = pa.list_(MESSAGE)
+
+TURN = pa.struct([
+    ("turn_idx", pa.int32()),          # index of this LLM call within the episode (0, 1, ...)
+    ("player", pa.string()),           # clemcore player name, e.g. "Player 1"
+    ("game_role", pa.string()),        # e.g. "Guesser"
+    ("messages", MESSAGES),            # the player's perspective exactly as the model got it (roles merged)
+    ("response", pa.string()),         # the answer the game saw (think text stripped)
+    ("parse_ok", pa.bool_()),          # False when the game counted this answer as a rule violation
+    ("prompt_tokens", pa.int32()),
+    ("new_tokens", pa.int32()),
+])
+
+EPISODES = pa.schema([
+    ("episode_id", pa.string()),       # "<game>/<experiment>/<game_id>/<repeat>"
+    ("game", pa.string()),
+    ("experiment", pa.string()),
+    ("game_id", pa.int64()),
+    ("split", pa.string()),
+    ("policy", pa.string()),           # model name (spec + adapter)
+    ("seed", pa.int64()),
+    ("temperature", pa.float64()),
+    ("n_turns", pa.int32()),
+    ("aborted", pa.bool_()),
+    ("lost", pa.bool_()),
+    ("success", pa.bool_()),
+    ("bench_score", pa.float64()),     # clembench BENCH_SCORE 0-100, NaN when aborted
+    ("error", pa.string()),            # null, or the exception that ended this episode (then aborted)
+    ("episode_scores", pa.string()),   # JSON of the game scorer's full "episode scores"
+    ("turns", pa.list_(TURN)),
+])
+
+# playpen-data `interactions` layout: one row per LLM player perspective.
+INTERACTIONS = pa.schema([
+    ("messages", MESSAGES),
+    ("meta", pa.struct([
+        ("game", pa.string()),
+        ("experiment", pa.string()),
+        ("task_id", pa.int64()),
+        ("player_name", pa.string()),
+        ("game_role", pa.string()),
+        ("model", pa.string()),
+        ("outcome", pa.string()),      # success | lose | aborted
+    ])),
+])
+
+
+class RecordFileError(ValueError):
+    """A record file that cannot be read or does not have the expected schema; names the file."""
+
+
+def write_records(path: str | Path, rows: list[dict], schema: pa.Schema, provenance: dict) -> None:
+    """Write ``rows`` as one parquet file, atomically (a killed job never leaves a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    table = table.replace_schema_metadata({"clemprm": json.dumps(provenance, sort_keys=True)})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def read_table(path: str | Path, schema: pa.Schema | None = None) -> pa.Table:
+    """Read a parquet record file; a missing, corrupt or mismatching file raises an error naming it."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise RecordFileError(f"cannot read record file {path}: {error}") from error
+    if schema is not None:
+        missing = [name for name in schema.names if name not in table.schema.names]
+        if missing:
+            raise RecordFileError(f"record file {path} lacks columns {missing} (has {table.schema.names})")
+        table = table.select(schema.names)
+    return table
+
+
+def read_records(path: str | Path, schema: pa.Schema | None = None) -> list[dict]:
+    return read_table(path, schema).to_pylist()
+
+
+def read_provenance(path: str | Path) -> dict:
+    metadata = pq.read_schema(path).metadata or {}
+    return json.loads(metadata.get(b"clemprm", b"{}"))

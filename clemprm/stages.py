@@ -1,0 +1,87 @@
+"""Pipeline stages as plain functions: each reads its inputs, computes, and writes one record file.
+
+The rule scripts in ``workflow_scripts/`` only unpack ``snakemake.input/output/params`` and call these.
+``settings`` is always the rule's params: the config sections the stage depends on (its rerun trigger).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from clemprm import records
+from clemprm.catalog import GameCatalog
+from clemprm.config import provenance
+from clemprm.engine import RolloutEngine, Sampling
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(model_settings: dict, cache_dir: str | None = None):
+    """The policy as a clemcore model, through the one model loader."""
+    from clemprm.models import ModelConfig, PolicyModel
+
+    return PolicyModel(ModelConfig.from_dict({**model_settings, "cache_dir": cache_dir}))
+
+
+def summarize(rows: list[dict]) -> str:
+    """One line per game: episodes, % played, success rate, mean BENCH_SCORE of played episodes."""
+    by_game = collections.defaultdict(list)
+    for row in rows:
+        by_game[row["game"]].append(row)
+    lines = []
+    for game, game_rows in sorted(by_game.items()):
+        played = [row for row in game_rows if not row["aborted"]]
+        quality = sum(row["bench_score"] for row in played) / len(played) if played else float("nan")
+        lines.append(f"{game}: {len(game_rows)} episodes, {100 * len(played) / len(game_rows):.0f}% played, "
+                     f"{100 * sum(row['success'] for row in game_rows) / len(game_rows):.0f}% success, "
+                     f"quality {quality:.1f}, errors {sum(row['error'] is not None for row in game_rows)}")
+    return "\n".join(lines)
+
+
+def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, policy=None) -> list[dict]:
+    """The base policy plays the train split of every configured game (``episodes_per_instance`` times each)."""
+    rollout = settings["base_rollouts"]
+    catalog = GameCatalog(settings["games"])
+    instances = catalog.all_instances("train")
+    policy = policy or load_policy(settings["model"], cache_dir)
+    sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])
+    log.info("base rollouts: %d train instances x %d episodes, policy %s", len(instances),
+             rollout["episodes_per_instance"], policy.name)
+    rows = RolloutEngine(catalog, sampling).play(
+        instances, [policy], repeats=rollout["episodes_per_instance"], base_seed=settings["seed"],
+        stage="base_rollouts", policy_name=policy.name)
+    records.write_records(output, rows, records.EPISODES, provenance(settings))
+    log.info("wrote %d episodes to %s\n%s", len(rows), output, summarize(rows))
+    return rows
+
+
+def outcome(row: dict) -> str:
+    return "aborted" if row["aborted"] else "success" if row["success"] else "lose"
+
+
+def interactions_of(row: dict) -> list[dict]:
+    """playpen-data `interactions` rows of one episode: each LLM player's final perspective with its answer."""
+    last_turn_of_player = {}
+    for turn in row["turns"]:
+        last_turn_of_player[turn["player"]] = turn
+    return [{
+        "messages": turn["messages"] + [{"role": "assistant", "content": turn["response"]}],
+        "meta": {"game": row["game"], "experiment": row["experiment"], "task_id": row["game_id"],
+                 "player_name": player, "game_role": turn["game_role"], "model": row["policy"],
+                 "outcome": outcome(row)},
+    } for player, turn in sorted(last_turn_of_player.items())]
+
+
+def win_filter(settings: dict, episodes_path: str, output: str) -> list[dict]:
+    """Keep winning episodes (clembench ``Success``, BENCH_SCORE >= threshold) as SFT data."""
+    rules = settings["win_filter"]
+    episodes = records.read_records(episodes_path, records.EPISODES)
+    kept = [row for row in episodes
+            if (row["success"] or not rules["require_success"]) and not row["aborted"]
+            and row["bench_score"] >= rules["min_bench_score"]]
+    rows = [interaction for row in kept for interaction in interactions_of(row)]
+    records.write_records(output, rows, records.INTERACTIONS, provenance(settings))
+    log.info("win filter: kept %d of %d episodes -> %d player perspectives in %s\n%s", len(kept), len(episodes),
+             len(rows), output, summarize(kept) if kept else "(no episode kept)")
+    return rows

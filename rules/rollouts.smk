@@ -1,0 +1,33 @@
+# Stage 1-2: the base policy plays the train split; winning episodes become SFT data.
+
+
+rule base_rollouts:
+    input:
+        # a playpen-data instance list is an input file when set (its content then triggers reruns)
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+    output:
+        "results/rollouts/base_train.parquet",
+    params:
+        settings=sections(config, "seed", "model", "games", "base_rollouts"),
+    log:
+        "results/logs/base_rollouts.log",
+    benchmark:
+        "results/benchmarks/base_rollouts.tsv"
+    threads: max(1, config["model"]["threads"])
+    script:
+        "../workflow_scripts/base_rollouts.py"
+
+
+rule win_filter:
+    input:
+        "results/rollouts/base_train.parquet",
+    output:
+        "results/sft/sft_data.parquet",
+    params:
+        settings=sections(config, "win_filter"),
+    log:
+        "results/logs/win_filter.log",
+    benchmark:
+        "results/benchmarks/win_filter.tsv"
+    script:
+        "../workflow_scripts/win_filter.py"

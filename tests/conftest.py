@@ -1,0 +1,95 @@
+"""Shared test fixtures: offline mode, a tmp working directory, scripted policies that drive real games."""
+
+from __future__ import annotations
+
+import os
+import re
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from clemprm.config import load_config  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _tmp_cwd(tmp_path, monkeypatch):
+    """Run every test in its own directory, so nothing lands in the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def test_cache_dir(tmp_path_factory):
+    """One model cache for the whole session (tiny models are materialised there)."""
+    return str(tmp_path_factory.mktemp("model-cache"))
+
+
+def tiny_config(**overrides) -> dict:
+    """The default config with the tiny model and small counts (what the workflow tests run)."""
+    base = {
+        "model": {"spec": "tiny:0", "threads": 1},
+        "games": {"max_instances": {"train": 2, "validation": 2, "test": 2}},
+        "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 12},
+    }
+    from clemprm.config import deep_merge
+    return load_config(overrides=deep_merge(base, overrides))
+
+
+def _scripted_policy_class():
+    from clemcore.backends import BatchGenerativeModel
+    from clemcore.backends.model_registry import ModelSpec
+
+    from clemprm.models import Generation
+
+    class ScriptedPolicy(BatchGenerativeModel):
+        """A policy whose answer is ``answer(messages)``: real games, known moves. Records each generate call."""
+
+        def __init__(self, answer, name="scripted"):
+            super().__init__(ModelSpec(model_name=name))
+            self.answer = answer
+            self.calls: list[int] = []
+
+        def generate(self, perspectives, seeds=None, temperature=None, top_p=None, max_new_tokens=None):
+            self.calls.append(len(perspectives))
+            generations = []
+            for messages in perspectives:
+                text = self.answer(messages)
+                if isinstance(text, Exception):
+                    generations.append(Generation(text="", raw_text="", prompt_tokens=0, new_tokens=0,
+                                                  error=str(text)))
+                else:
+                    generations.append(Generation(text=text, raw_text=text, prompt_tokens=len(str(messages)),
+                                                  new_tokens=len(text.split())))
+            return generations
+
+        def generate_batch_response(self, batch_messages):
+            return [(m, {}, g.text) for m, g in zip(batch_messages, self.generate(batch_messages))]
+
+        def generate_response(self, messages):
+            return self.generate_batch_response([messages])[0]
+
+        def __deepcopy__(self, memo):
+            return self
+
+    return ScriptedPolicy
+
+
+@pytest.fixture(scope="session")
+def scripted_policy():
+    from clemprm.clemcore_setup import import_clemcore
+    import_clemcore()
+    return _scripted_policy_class()
+
+
+def binary_search_answer(messages: list[dict]) -> str:
+    """Solves guessnumber from the feedback in the conversation (a perfect player)."""
+    text = "\n".join(m["content"] for m in messages if m["role"] == "user")
+    high = int(re.search(r"from 1 to (\d+)", text).group(1))
+    low = 1
+    for direction, guess in re.findall(r"is (higher|lower) than (\d+)", text):
+        if direction == "higher":
+            low = max(low, int(guess) + 1)
+        else:
+            high = min(high, int(guess) - 1)
+    return f"GUESS: {(low + high) // 2}"

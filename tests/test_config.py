@@ -1,0 +1,39 @@
+"""Config validation: the default is valid; bad values fail naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from clemprm.config import ConfigError, load_config, provenance, sections
+
+
+def test_default_config_is_valid():
+    config = load_config()
+    assert config["model"]["spec"] == "embedded:smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"base_rollouts": {"temperature": -1}}, "base_rollouts.temperature"),
+    ({"base_rollouts": {"episodes_per_instance": "many"}}, "base_rollouts.episodes_per_instance"),
+    ({"games": {"builtin": ["chess"]}}, "games.builtin.0"),
+    ({"games": {"parse_mode": "sloppy"}}, "games.parse_mode"),
+    ({"model": {"quantization": "int3"}}, "model.quantization"),
+    ({"win_filter": {"min_bench_score": 101}}, "win_filter.min_bench_score"),
+    ({"win_filter": {"typo_key": 1}}, "win_filter.typo_key"),
+    ({"unknown_section": {}}, "unknown_section"),
+])
+def test_bad_values_fail_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load_config(overrides=override)
+
+
+def test_sections_are_key_sorted_so_reordering_is_not_a_change():
+    a = sections({"x": {"b": 1, "a": {"d": 2, "c": 3}}, "y": 0}, "x")
+    b = sections({"x": {"a": {"c": 3, "d": 2}, "b": 1}}, "x")
+    assert str(a) == str(b)
+
+
+def test_provenance_names_config_and_versions():
+    record = provenance({"win_filter": {"require_success": True}})
+    assert record["config"] == {"win_filter": {"require_success": True}}
+    assert {"clemcore", "torch", "transformers", "snakemake"} <= set(record["versions"])

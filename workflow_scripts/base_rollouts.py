@@ -1,0 +1,7 @@
+from clemprm.workflow import setup_job
+
+setup_job(snakemake)
+
+from clemprm import stages  # noqa: E402  (after setup_job: offline mode is read at import)
+
+stages.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"])
