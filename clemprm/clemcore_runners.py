@@ -1,0 +1,54 @@
+"""clemcore's own runners (sequential, batchwise) with in-memory scoring: the reference the engine is
+compared against, in the equivalence tests and in ``scripts/bench_engine.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from clemprm.catalog import Instance
+from clemprm.clemcore_setup import import_clemcore
+
+
+@dataclass
+class ReferenceEpisode:
+    key: tuple[str, str, int]
+    responses: list[str] = field(default_factory=list)
+    scores: dict = field(default_factory=dict)
+
+
+def run_clemcore(runner: str, benchmark, instances: list[Instance], model, batch_size: int = 1) -> list[ReferenceEpisode]:
+    """Play ``instances`` of one game with clemcore's ``runner`` ("sequential" or "batchwise"); score each episode."""
+    import_clemcore()
+    from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList, GameInstances, GameInteractionsRecorder
+    from clemcore.clemgame.runners import batchwise, sequential
+
+    episodes: dict[tuple, ReferenceEpisode] = {}
+    recorders: dict[tuple, GameInteractionsRecorder] = {}
+
+    class ScoreInMemory(GameBenchmarkCallback):
+        def on_game_start(self, game_master, game_instance):
+            key = (game_master.game_spec.game_name, game_master.experiment["name"], int(game_instance["game_id"]))
+            recorders[key] = GameInteractionsRecorder(key[0], key[1], key[2], "", {})
+            game_master.register(recorders[key])
+            episodes[key] = ReferenceEpisode(key)
+
+        def on_game_end(self, game_master, game_instance, exception=None, rewards=None):
+            key = (game_master.game_spec.game_name, game_master.experiment["name"], int(game_instance["game_id"]))
+            interactions = recorders.pop(key).interactions
+            episodes[key].responses = [event["action"]["content"] for turn in interactions["turns"] for event in turn
+                                       if event["action"]["type"] == "get message"]
+            if exception is None:
+                scorer = benchmark.create_game_scorer(game_master.experiment, game_instance)
+                scorer.compute_scores(interactions)
+                episodes[key].scores = scorer.scores["episode scores"]
+
+    rows = [{"game_name": i.game, "experiment": i.experiment, "game_instance": i.instance} for i in instances]
+    callbacks = GameBenchmarkCallbackList([ScoreInMemory()])
+    if runner == "sequential":
+        sequential.run(benchmark, GameInstances(benchmark.game_name, rows), [model], callbacks=callbacks)
+    elif runner == "batchwise":
+        batchwise.run(benchmark, GameInstances(benchmark.game_name, rows), [model], callbacks=callbacks,
+                      batch_size=batch_size)
+    else:
+        raise ValueError(f"unknown clemcore runner {runner!r}")
+    return [episodes[instance.key] for instance in instances]

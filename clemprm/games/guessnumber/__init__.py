@@ -1,0 +1,1 @@
+"""The built-in game guessnumber (clemcore game folder: clemgame.json, master.py, in/)."""

@@ -1,0 +1,1 @@
+"""The built-in game oddoneout (clemcore game folder: clemgame.json, master.py, in/)."""
