@@ -256,13 +256,11 @@ class RolloutEngine:
     def run(self, episodes: list[Episode], label: str = "rollouts", sampling: Sampling | None = None) -> list[Episode]:
         """Step all episodes in lockstep until every one is done."""
         progress = Progress(len(episodes), label)
-        while True:
-            live = [episode for episode in episodes if not episode.done]
-            if not live:
-                break
+        live = [episode for episode in episodes if not episode.done]
+        while live:
             turns, tokens = self.step(live, sampling)
-            progress.update(sum(episode.done for episode in episodes), turns, tokens)
-        progress.update(len(episodes), 0, 0, force=True)
+            live = [episode for episode in live if not episode.done]
+            progress.update(len(episodes) - len(live), turns, tokens, force=not live)
         return episodes
 
     def play(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,

@@ -14,6 +14,8 @@ rule base_rollouts:
     benchmark:
         "results/benchmarks/base_rollouts.tsv"
     threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/base_rollouts.py"
 
@@ -29,5 +31,7 @@ rule win_filter:
         "results/logs/win_filter.log",
     benchmark:
         "results/benchmarks/win_filter.tsv"
+    conda:
+        "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/win_filter.py"

@@ -1,0 +1,69 @@
+"""Benchmark: the lockstep engine vs clemcore's sequential and batchwise runners on the same episodes.
+
+    python scripts/bench_engine.py [--episodes 64] [--model tiny:0] [--batch-size 64]
+
+Plays the same episodes (distinct guessnumber + oddoneout instances, greedy decoding) three ways, side by
+side in one run, and prints episodes/s of each and the ratios. Greedy decoding makes the three runs play
+the same games, which the script checks (identical responses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from clemprm.catalog import GameCatalog
+from clemprm.clemcore_runners import run_clemcore
+from clemprm.config import load_config
+from clemprm.engine import RolloutEngine, Sampling
+from clemprm.models import ModelConfig, PolicyModel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--model", default="tiny:0")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=64, help="clemcore batchwise runner batch size")
+    args = parser.parse_args()
+
+    games = load_config(overrides={"games": {"builtin": ["guessnumber", "oddoneout"],
+                                             "max_instances": {"train": 1000, "validation": 1000, "test": 1000}}})
+    catalog = GameCatalog(games["games"])
+    per_game = args.episodes // len(catalog.games)
+    instances = {game: [i for split in ("train", "validation", "test") for i in catalog.instances(game, split)][:per_game]
+                 for game in catalog.games}
+    n_episodes = sum(map(len, instances.values()))
+    policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), temperature=0.0,
+                         max_new_tokens=args.max_new_tokens)
+    print(f"model {policy.name}, {n_episodes} episodes ({', '.join(f'{g}: {len(v)}' for g, v in instances.items())}), "
+          f"greedy, max {args.max_new_tokens} new tokens, {args.threads} threads")
+
+    timings, responses = {}, {}
+    start = time.perf_counter()
+    engine = RolloutEngine(catalog, Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens))
+    rows = [row for game, game_instances in instances.items()
+            for row in engine.play(game_instances, [policy], repeats=1, base_seed=0, stage="bench",
+                                   policy_name=policy.name)]
+    timings["engine"] = time.perf_counter() - start
+    responses["engine"] = [[turn["response"] for turn in row["turns"]] for row in rows]
+    for runner in ("batchwise", "sequential"):
+        start = time.perf_counter()
+        episodes = [episode for game, game_instances in instances.items()
+                    for episode in run_clemcore(runner, catalog.benchmarks[game], game_instances, policy,
+                                                batch_size=args.batch_size)]
+        timings[runner] = time.perf_counter() - start
+        responses[runner] = [episode.responses for episode in episodes]
+
+    for name, seconds in timings.items():
+        print(f"{name:>10}: {seconds:7.1f} s  {n_episodes / seconds:7.2f} episodes/s")
+    print(f"engine vs sequential: {timings['sequential'] / timings['engine']:.1f}x faster")
+    print(f"engine vs batchwise:  {timings['batchwise'] / timings['engine']:.2f}x faster")
+    for runner in ("sequential", "batchwise"):
+        same = sum(a == b for a, b in zip(responses["engine"], responses[runner]))
+        print(f"identical episodes engine vs {runner}: {same}/{n_episodes}")
+
+
+if __name__ == "__main__":
+    main()
