@@ -24,7 +24,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--model", default="tiny:0")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="as base_rollouts in config.yaml")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default): greedy, so all runners play identical games (checked)")
     parser.add_argument("--batch-size", type=int, default=64, help="clemcore batchwise runner batch size")
     args = parser.parse_args()
 
@@ -35,14 +37,18 @@ def main() -> None:
     instances = {game: [i for split in ("train", "validation", "test") for i in catalog.instances(game, split)][:per_game]
                  for game in catalog.games}
     n_episodes = sum(map(len, instances.values()))
-    policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), temperature=0.0,
+    policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), temperature=args.temperature,
                          max_new_tokens=args.max_new_tokens)
     print(f"model {policy.name}, {n_episodes} episodes ({', '.join(f'{g}: {len(v)}' for g, v in instances.items())}), "
-          f"greedy, max {args.max_new_tokens} new tokens, {args.threads} threads")
+          f"temperature {args.temperature}, max {args.max_new_tokens} new tokens, {args.threads} threads")
+
+    engine = RolloutEngine(catalog, Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
+    for game, game_instances in instances.items():  # warm-up (first-call costs of torch and clemcore), untimed
+        engine.play(game_instances[:4], [policy], repeats=1, base_seed=0, stage="warmup", policy_name=policy.name)
+        run_clemcore("sequential", catalog.benchmarks[game], game_instances[:4], policy)
 
     timings, responses = {}, {}
     start = time.perf_counter()
-    engine = RolloutEngine(catalog, Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens))
     rows = [row for game, game_instances in instances.items()
             for row in engine.play(game_instances, [policy], repeats=1, base_seed=0, stage="bench",
                                    policy_name=policy.name)]
@@ -61,6 +67,8 @@ def main() -> None:
     print(f"engine vs sequential: {timings['sequential'] / timings['engine']:.1f}x faster")
     print(f"engine vs batchwise:  {timings['batchwise'] / timings['engine']:.2f}x faster")
     for runner in ("sequential", "batchwise"):
+        if args.temperature > 0:
+            break  # sampled: each runner draws its own samples, identical games are not expected
         same = sum(a == b for a, b in zip(responses["engine"], responses[runner]))
         print(f"identical episodes engine vs {runner}: {same}/{n_episodes}")
 
