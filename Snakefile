@@ -16,9 +16,12 @@ validate_config(config)  # fails at parse time with the dotted name of a bad key
 
 
 include: "rules/rollouts.smk"
+include: "rules/sft.smk"
 
 
 rule all:
     input:
         "results/sft/sft_data.parquet",
+        "results/sft/adapter",
+        "results/sft/metrics.json",
     default_target: True

@@ -1,0 +1,507 @@
+"""The ``sft_adapter`` stage: LoRA (QLoRA) fine-tuning of the policy on winning turns with TRL's SFTTrainer.
+
+Data
+    The input is the win-filtered SFT parquet (playpen-data ``interactions`` layout: one row per LLM player
+    perspective, ``messages`` + ``meta``), plus, when ``sft.extra_data`` names one, a local parquet/jsonl
+    export of playpen-data interactions, of which only rows with ``meta.outcome == "success"`` are used.
+    Messages are normalised as the clemcore backends send them (consecutive same-role messages merged,
+    an empty system message dropped), then every assistant turn becomes one prompt/completion pair: the
+    prompt is the conversation before it, rendered with the chat template and the generation prompt
+    exactly as :class:`clemprm.generation.PolicyModel` renders it at play time (``chat_template_kwargs``
+    included), the completion is the answer text plus the template's end-of-turn token. The loss is on the
+    completion tokens only (TRL ``completion_only_loss`` on pre-tokenised ``input_ids`` +
+    ``completion_mask``), which works for every chat template.
+
+Length
+    A pair longer than ``sft.max_length`` tokens is shortened by dropping the oldest exchanges (an assistant
+    answer and the user message after it), keeping the leading system message and the first user prompt and
+    always the latest user message, so the trained answer is never cut off. A pair that still does not fit
+    is dropped (counted in the metrics); TRL's own truncation (which keeps the start) never triggers.
+
+Validation
+    A held-out slice of *instances* ``(game, experiment, task_id)``, so no instance is on both sides;
+    eval loss and token accuracy before training and after every epoch, early stopping with patience on
+    the eval loss, and the best epoch's adapter is the one written.
+
+Devices
+    CUDA: the reference setup: base model as the loader gives it (``quantization: auto`` = 4-bit NF4, bf16
+    compute), bf16 training, gradient checkpointing, paged 8-bit AdamW. CPU: fp32, no bf16, no gradient
+    checkpointing, ``adamw_torch``; ``quantization: nf4`` still works (the real QLoRA path with fp32 compute and
+    fp32 LoRA weights, where TRL would make them bf16).
+
+Outputs
+    The adapter folder (``adapter_config.json``, ``adapter_model.safetensors``; the tokenizer is never changed,
+    so none is written) and a metrics JSON. Load the result with
+    ``ModelConfig(spec=<model.spec>, adapter=<adapter dir>)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clemprm import records
+from clemprm.config import provenance
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class Example:
+    """One prompt/completion pair, tokenised."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    key: tuple[str, str, str]      # the instance: (game, experiment, task_id)
+    source: str                    # "sft_data" | "extra_data"
+    shortened: int = 0             # exchanges dropped to fit max_length
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def read_interactions(path: str | Path) -> list[dict]:
+    """Rows (``messages``, ``meta``) of a playpen-data interactions file: parquet, jsonl or json."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"interactions file {path} does not exist")
+    if path.suffix == ".parquet":
+        rows = records.read_table(path).to_pylist()
+    elif path.suffix in (".jsonl", ".json"):
+        text = path.read_text()
+        try:
+            if path.suffix == ".json" and text.lstrip().startswith("["):
+                rows = json.loads(text)
+            else:
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"cannot read interactions file {path}: {error}") from error
+    else:
+        raise ValueError(f"interactions file {path}: unsupported format {path.suffix!r} (use .parquet or .jsonl)")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not isinstance(row.get("meta"), dict):
+            raise ValueError(f"interactions file {path}, row {i}: needs `messages` (a list) and `meta` (a mapping), "
+                             f"the playpen-data interactions layout")
+    return rows
+
+
+def is_success(row: dict) -> bool:
+    return str(row["meta"].get("outcome", "")).strip().lower() == "success"
+
+
+def instance_key(meta: dict) -> tuple[str, str, str]:
+    """``(game, experiment, task_id)``: the unit of the train/validation split (ids repeat across experiments)."""
+    return str(meta.get("game")), str(meta.get("experiment")), str(meta.get("task_id"))
+
+
+def normalise(messages: list[dict]) -> list[dict]:
+    """Messages as a clemcore backend sends them: roles merged, an empty system message dropped."""
+    from clemprm.generation import ensure_alternating_roles   # clemcore's, imported without its logging set-up
+
+    messages = [{"role": str(m["role"]), "content": str(m["content"] or "")} for m in messages]
+    return ensure_alternating_roles(messages) if messages else []
+
+
+def turn_pairs(messages: list[dict]) -> list[tuple[list[dict], str]]:
+    """One ``(prompt messages, answer)`` per assistant turn that follows a user message."""
+    pairs = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and any(m["role"] == "user" for m in messages[:i]):
+            pairs.append((messages[:i], message["content"]))
+    return pairs
+
+
+def shortened_prompts(prompt: list[dict]):
+    """``(prompt, dropped exchanges)``, from the full prompt to the shortest one: the head (system messages and
+    the first user message) + the rest with the oldest (assistant, user) exchanges dropped, always keeping the
+    last user message. Roles still alternate after every drop."""
+    first_user = next(i for i, m in enumerate(prompt) if m["role"] == "user")
+    head, body = prompt[:first_user + 1], prompt[first_user + 1:]
+    dropped = 0
+    while True:
+        yield head + body, dropped
+        if len(body) < 4 or body[0]["role"] != "assistant":   # keep the last exchange
+            return
+        body = body[2:]
+        dropped += 1
+
+
+class ChatFormat:
+    """Renders prompts as the policy sees them at play time and answers as the model must write them."""
+
+    def __init__(self, tokenizer, chat_template_kwargs: dict | None = None, eos_token_ids=()):
+        self.tokenizer = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.end_text = self._end_of_turn(eos_token_ids)
+
+    def render_prompt(self, messages: list[dict]) -> str:
+        """As :meth:`clemprm.generation.PolicyModel.render`: the chat template with the generation prompt."""
+        return self.tokenizer.apply_chat_template(normalise(messages), add_generation_prompt=True, tokenize=False,
+                                                  **self.kwargs)
+
+    def _end_of_turn(self, eos_token_ids) -> str:
+        """What the template writes after an answer, up to and including the end token (e.g. ``<|im_end|>``)."""
+        sentinel = "\u2063SENTINEL\u2063"
+        eos_texts = [self.tokenizer.convert_ids_to_tokens(int(i)) for i in eos_token_ids if i is not None]
+        eos_texts += [self.tokenizer.eos_token] if self.tokenizer.eos_token else []
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}], tokenize=False,
+                **self.kwargs)
+            after = text[text.index(sentinel) + len(sentinel):]
+        except Exception:  # no template / a template that rejects this: fall back to the eos token
+            after = ""
+        ends = [(after.find(eos), eos) for eos in eos_texts if eos and eos in after]
+        if ends:
+            position, eos = min(ends)
+            return after[:position + len(eos)]
+        if not eos_texts:
+            raise ValueError("the tokenizer has no end-of-turn token: cannot teach the model to end its answer")
+        return eos_texts[0]
+
+    def encode(self, prompt: list[dict], answer: str, max_length: int):
+        """``(prompt ids, completion ids, exchanges dropped)`` that fit ``max_length``, or None."""
+        completion_ids = self.tokenizer(answer + self.end_text, add_special_tokens=False)["input_ids"]
+        for candidate, dropped in shortened_prompts(prompt):
+            prompt_ids = self.tokenizer(self.render_prompt(candidate), add_special_tokens=False)["input_ids"]
+            if len(prompt_ids) + len(completion_ids) <= max_length:
+                return prompt_ids, completion_ids, dropped
+        return None
+
+
+def split_instances(keys, fraction: float, seed: int) -> set:
+    """The validation instances: a ``fraction`` of the distinct instance keys (at least one when there are two
+    or more, never all), chosen by a seeded hash and spread over games round-robin."""
+    keys = sorted(set(keys))
+    if fraction <= 0 or len(keys) < 2:
+        return set()
+    n_validation = min(len(keys) - 1, max(1, round(fraction * len(keys))))
+    by_game = collections.defaultdict(list)
+    for key in keys:
+        by_game[key[0]].append(key)
+    for game_keys in by_game.values():
+        game_keys.sort(key=lambda k: hashlib.sha256(f"{seed}/{'/'.join(k)}".encode()).hexdigest())
+    order = [key for group in _zip_longest(*(by_game[g] for g in sorted(by_game))) for key in group]
+    return set(order[:n_validation])
+
+
+def _zip_longest(*lists):
+    from itertools import zip_longest
+    return [[item for item in group if item is not None] for group in zip_longest(*lists)]
+
+
+def build_examples(rows: list[dict], chat: ChatFormat, max_length: int, source: str) -> tuple[list[Example], int]:
+    """The tokenised pairs of all rows, and how many pairs did not fit ``max_length`` even shortened."""
+    examples, too_long = [], 0
+    for row in rows:
+        key = instance_key(row["meta"])
+        for prompt, answer in turn_pairs(normalise(row["messages"])):
+            encoded = chat.encode(prompt, answer, max_length)
+            if encoded is None:
+                too_long += 1
+                continue
+            prompt_ids, completion_ids, dropped = encoded
+            examples.append(Example(prompt_ids, completion_ids, key, source, dropped))
+    return examples, too_long
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def device_name() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _as_dataset(examples: list[Example]):
+    from datasets import Dataset
+    return Dataset.from_dict({
+        "input_ids": [e.input_ids for e in examples],
+        "completion_mask": [[0] * len(e.prompt_ids) + [1] * len(e.completion_ids) for e in examples],
+    })
+
+
+def _lora_config(sft: dict):
+    from peft import LoraConfig
+
+    lora = sft["lora"]
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
+                      target_modules=lora["target_modules"], task_type="CAUSAL_LM")
+
+
+def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_validation: bool):
+    import torch
+    from trl import SFTConfig
+
+    gradient_checkpointing = sft["gradient_checkpointing"]
+    if gradient_checkpointing == "auto":
+        gradient_checkpointing = device == "cuda"
+    optimizer = sft["optimizer"] if sft["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
+    per_epoch = {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
+                 "metric_for_best_model": "eval_loss", "greater_is_better": False, "save_total_limit": 1,
+                 "save_only_model": True} if has_validation else {"eval_strategy": "no", "save_strategy": "no"}
+    return SFTConfig(
+        output_dir=output_dir, seed=seed, data_seed=seed,
+        learning_rate=sft["lr"], num_train_epochs=sft["epochs"], lr_scheduler_type=sft["scheduler"],
+        warmup_steps=sft["warmup_ratio"], weight_decay=sft["weight_decay"], max_grad_norm=1.0,
+        per_device_train_batch_size=sft["batch_size"], per_device_eval_batch_size=sft["batch_size"],
+        gradient_accumulation_steps=sft["grad_accum"], optim=optimizer,
+        bf16=device == "cuda" and dtype == torch.bfloat16, fp16=device == "cuda" and dtype == torch.float16,
+        activation_checkpointing=gradient_checkpointing,     # transformers 5 name of gradient_checkpointing
+        activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
+        max_length=sft["max_length"], packing=False, completion_only_loss=True, assistant_only_loss=False,
+        train_sampling_strategy="group_by_length",   # similar lengths per batch: less padding
+        logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
+        dataloader_pin_memory=device == "cuda", **per_epoch)
+
+
+def _progress_callback():
+    from transformers import TrainerCallback
+
+    class LogProgress(TrainerCallback):
+        """Training progress as log lines in the rule log (the progress bars are off)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in (logs or {}).items()
+                     if k in ("loss", "mean_token_accuracy", "learning_rate", "grad_norm", "eval_loss",
+                              "eval_mean_token_accuracy", "train_runtime", "num_tokens")}
+            log.info("sft step %d/%d (epoch %.2f): %s", state.global_step, state.max_steps, state.epoch or 0.0, shown)
+
+    return LogProgress()
+
+
+def keep_4bit_differentiable(model) -> int:
+    """bitsandbytes 0.50 repacks a CPU 4-bit layer for its AVX512-BF16 kernel at the first no-grad forward in
+    eval mode (our per-epoch evaluation) and then computes it with ``gemv_4bit`` for good, which has no
+    autograd kernel: training after an evaluation would silently lose the gradients through every frozen
+    4-bit layer. Training keeps those layers on the generic, differentiable path. Returns layers changed."""
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
+
+
+def _finite(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def epoch_history(log_history: list[dict], initial: dict | None) -> list[dict]:
+    """Per epoch: mean train loss and token accuracy of its steps, eval loss and token accuracy at its end."""
+    epochs = []
+    if initial:
+        epochs.append({"epoch": 0, "eval_loss": _finite(initial.get("eval_loss")),
+                       "eval_token_accuracy": _finite(initial.get("eval_mean_token_accuracy"))})
+    steps = collections.defaultdict(list)
+    evals = {}
+    for entry in log_history:
+        epoch = entry.get("epoch")
+        if epoch is None:
+            continue
+        index = max(1, math.ceil(round(epoch, 6)))
+        if "loss" in entry:
+            steps[index].append(entry)
+        elif "eval_loss" in entry:
+            evals[index] = entry
+    for index in sorted(set(steps) | set(evals)):
+        logged = steps.get(index, [])
+        row = {"epoch": index, "steps": len(logged),
+               "train_loss": _finite(sum(e["loss"] for e in logged) / len(logged)) if logged else None,
+               "train_token_accuracy": _finite(sum(e.get("mean_token_accuracy", math.nan) for e in logged)
+                                               / len(logged)) if logged else None}
+        if index in evals:
+            row["eval_loss"] = _finite(evals[index]["eval_loss"])
+            row["eval_token_accuracy"] = _finite(evals[index].get("eval_mean_token_accuracy"))
+        epochs.append(row)
+    return epochs
+
+
+def peak_memory_mb() -> dict:
+    import torch
+    peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # Linux: KiB
+    if torch.cuda.is_available():
+        peak["cuda_allocated"] = torch.cuda.max_memory_allocated() / 2**20
+    return {key: round(value, 1) for key, value in peak.items()}
+
+
+def _write_json(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _name_base(adapter_config: Path, spec: str) -> None:
+    """Name the base by its spec (``tiny:0``, ``embedded:...``, a hub id) rather than this machine's cache path."""
+    data = json.loads(adapter_config.read_text())
+    data["base_model_name_or_path"] = spec
+    adapter_config.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: str,
+              cache_dir: str | None = None) -> dict:
+    """Fine-tune ``settings["model"]`` on the pairs of ``data_path`` (+ ``sft.extra_data``); write the adapter
+    folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft."""
+    import torch
+    from peft import get_peft_model
+    from transformers import EarlyStoppingCallback, PrinterCallback
+    from trl import SFTTrainer
+
+    from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+
+    import datasets
+    datasets.disable_progress_bars()   # the rule log gets LogProgress lines instead
+
+    start = time.perf_counter()
+    sft, seed = settings["sft"], int(settings["seed"])
+    cfg = ModelConfig.from_dict({**settings["model"], "cache_dir": cache_dir})
+    device = device_name()
+    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
+    if device == "cpu":
+        keep_4bit_differentiable(model)
+    eos_ids = [tokenizer.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None))
+    chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, eos_ids)
+
+    # data: the pipeline's wins + optional public interactions (successful ones only)
+    rows = {"sft_data": read_interactions(data_path)}
+    if sft.get("extra_data"):
+        extra = read_interactions(sft["extra_data"])
+        rows["extra_data"] = [row for row in extra if is_success(row)]
+        log.info("extra data %s: %d of %d rows are successful episodes", sft["extra_data"], len(rows["extra_data"]),
+                 len(extra))
+    examples, too_long = [], 0
+    for source, source_rows in rows.items():
+        built, dropped = build_examples(source_rows, chat, sft["max_length"], source)
+        examples += built
+        too_long += dropped
+    validation_keys = split_instances([e.key for e in examples], sft["validation_fraction"], seed)
+    train = [e for e in examples if e.key not in validation_keys]
+    validation = [e for e in examples if e.key in validation_keys]
+    available = len(train)
+    if sft["max_examples"] is not None and len(train) > sft["max_examples"]:
+        train = random.Random(seed).sample(train, sft["max_examples"])
+    if sft["max_examples"] is not None and len(validation) > sft["max_examples"]:
+        validation = random.Random(seed + 1).sample(validation, sft["max_examples"])
+    log.info("sft data: %d pairs (%d shortened, %d too long even shortened) from %s; train %d of %d pairs on "
+             "%d instances, validation %d pairs on %d instances", len(examples), sum(e.shortened > 0 for e in examples),
+             too_long, {k: len(v) for k, v in rows.items()}, len(train), available, len({e.key for e in train}),
+             len(validation), len(validation_keys))
+
+    metrics = {
+        "model": {"spec": cfg.spec, "base_adapter": cfg.adapter, "device": device,
+                  "quantization": resolve_quantization(cfg, device), "dtype": str(resolve_dtype(cfg, device))},
+        "examples": {
+            "train": len(train), "validation": len(validation), "train_available": available,
+            "train_instances": len({e.key for e in train}), "validation_instances": len(validation_keys),
+            "validation_instance_keys": ["/".join(key) for key in sorted(validation_keys)],
+            "rows": {k: len(v) for k, v in rows.items()},
+            "pairs_by_source": dict(collections.Counter(e.source for e in examples)),
+            "train_by_game": dict(sorted(collections.Counter(e.key[0] for e in train).items())),
+            "shortened": sum(e.shortened > 0 for e in examples), "dropped_too_long": too_long},
+        "tokens": {"train": sum(len(e) for e in train), "train_answer": sum(len(e.completion_ids) for e in train),
+                   "validation": sum(len(e) for e in validation),
+                   "max_sequence": max((len(e) for e in train + validation), default=0)},
+    }
+
+    adapter_dir, tmp_root = Path(adapter_dir), None
+    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
+        if not train:
+            # nothing to learn from (e.g. a base policy without wins): an untrained adapter (LoRA B = 0) is
+            # exactly the base policy, so downstream stages still run; the metrics say so.
+            log.warning("sft: no training examples; writing an untrained adapter (identical to the base policy)")
+            peft_model = model if cfg.adapter else get_peft_model(model, _lora_config(sft))
+            metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
+                           eval_loss=None, eval_token_accuracy=None, history=[])
+        else:
+            args = _sft_config(sft, seed, str(tmp_root / "checkpoints"), device, resolve_dtype(cfg, device),
+                               has_validation=bool(validation))
+            callbacks = [_progress_callback()]
+            if validation:
+                callbacks.append(EarlyStoppingCallback(early_stopping_patience=sft["early_stopping_patience"]))
+            trainer = SFTTrainer(
+                model=model, args=args, train_dataset=_as_dataset(train),
+                eval_dataset=_as_dataset(validation) if validation else None, processing_class=tokenizer,
+                peft_config=None if cfg.adapter else _lora_config(sft), callbacks=callbacks)
+            trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
+            if device == "cpu":  # TRL casts QLoRA adapters to bf16: on CPU keep them fp32 (bf16 is slow there)
+                for param in trainer.model.parameters():
+                    if param.requires_grad and param.dtype != torch.float32:
+                        param.data = param.data.float()
+            initial = trainer.evaluate() if validation else None
+            if initial:
+                log.info("sft before training: eval loss %.4f, token accuracy %.3f", initial["eval_loss"],
+                         initial.get("eval_mean_token_accuracy", math.nan))
+            train_start = time.perf_counter()
+            result = trainer.train()
+            train_seconds = time.perf_counter() - train_start
+            state = trainer.state
+            history = epoch_history(state.log_history, initial)
+            evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
+            best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
+            last_step = next((e for e in reversed(state.log_history) if "num_tokens" in e), {})
+            metrics.update(
+                status="trained", steps=state.global_step, epochs_run=round(state.epoch or 0.0, 4),
+                max_epochs=sft["epochs"], stopped_early=bool(validation) and (state.epoch or 0) < sft["epochs"] - 1e-6,
+                best_epoch=best.get("epoch"), train_loss=_finite(result.training_loss),
+                final_train_loss=history[-1].get("train_loss") if history else None,
+                eval_loss=best.get("eval_loss"), eval_token_accuracy=best.get("eval_token_accuracy"),
+                initial_eval_loss=_finite(initial["eval_loss"]) if initial else None,
+                initial_eval_token_accuracy=_finite(initial.get("eval_mean_token_accuracy")) if initial else None,
+                history=history, optimizer=args.optim if isinstance(args.optim, str) else str(args.optim.value),
+                bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
+                train_seconds=round(train_seconds, 2))
+            metrics["tokens"]["processed"] = last_step.get("num_tokens")
+            peft_model = trainer.model
+        out = tmp_root / "adapter"
+        peft_model.save_pretrained(str(out))
+        _name_base(out / "adapter_config.json", cfg.spec)
+        _move_into_place(out, adapter_dir)
+    finally:
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    metrics["peak_memory_mb"] = peak_memory_mb()
+    metrics.update(provenance(settings))   # config + versions
+    _write_json(metrics_path, metrics)
+    log.info("sft: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s (token accuracy %s -> %s); adapter %s",
+             metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
+             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), metrics.get("initial_eval_token_accuracy"),
+             metrics.get("eval_token_accuracy"), adapter_dir)
+    return metrics
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,260 @@
+"""The whole tiny pipeline through `snakemake --profile slurm` on a real single-node SLURM cluster.
+
+The profile is profiles/slurm with only the cluster-specific values swapped (tests/slurm/profiles.py), installed
+by scripts/install_profile.sh and named exactly as users type it. Checks: every rule ran as a SLURM job, the
+GPU rules asked SLURM for a GPU (sbatch line and scontrol), the records equal those of a local run of the same
+config, a failing job is reported as failed (bounded by `timeout -k`, never a hang), and with `slurm-requeue` a
+job requeued mid-way is waited for and reruns to the same records.
+
+Set CLEMPRM_SLURM_ARTIFACTS=DIR to keep the sbatch lines, wall times and snakemake output there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests import test_workflow as workflow_test
+from tests.slurm.profiles import REPO, derive_test_profile, gpu_rules, load_profile
+
+pytestmark = pytest.mark.slurm
+
+RUN_LIMIT_S = 600  # one snakemake run; `timeout -k` ends it, so a hang fails the test instead of blocking CI
+SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+SBATCH = re.compile(r"sbatch call: (sbatch .*)")
+FINISHED = re.compile(r"Finished jobid: \d+ \(Rule: (\w+)\)")
+NOT_RECORDS = ("logs", "benchmarks")  # per-run files: timings, host names
+
+
+def _artifacts() -> Path | None:
+    path = os.environ.get("CLEMPRM_SLURM_ARTIFACTS")
+    if not path:
+        return None
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
+def _snakemake(workdir: Path, *args: str, env: dict, limit_s: int = RUN_LIMIT_S):
+    command = ["timeout", "-k", "20", str(limit_s), sys.executable, "-m", "snakemake",
+               "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+               "--configfile", str(workdir / "tiny.yaml"), *args]
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    output = result.stdout + "\n" + result.stderr
+    if result.returncode in (124, 137):
+        pytest.fail(f"snakemake {' '.join(args)} hung: killed after {limit_s} s\n{output[-6000:]}")
+    return result.returncode, output, elapsed
+
+
+def _workdir(path: Path, cache_dir: Path, **overrides) -> Path:
+    path.mkdir(parents=True)
+    config = workflow_test.tiny_workflow_config(str(cache_dir))  # the workflow test's tiny config, as it is
+    for key, value in overrides.items():
+        config.setdefault(key, {}).update(value)
+    (path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    extra = (config.get("sft") or {}).get("extra_data")
+    if extra and hasattr(workflow_test, "write_extra_interactions"):  # the same input files as that test
+        workflow_test.write_extra_interactions(path / extra)
+    return path
+
+
+def _submissions(output: str) -> list[dict]:
+    """Each SLURM submission: snakemake job id, SLURM job id, rule (from the log path), sbatch line."""
+    sbatch_lines = SBATCH.findall(output)
+    found, seen = [], {}
+    for job, slurm_id, log in SUBMITTED.findall(output):
+        rule = re.search(r"/rule_(\w+)/", log).group(1)
+        lines = [line for line in sbatch_lines if f"--comment rule_{rule} " in line]
+        index = seen[rule] = seen.get(rule, -1) + 1  # the k-th submission of a rule is its k-th sbatch call
+        found.append({"job": job, "slurm_id": slurm_id, "rule": rule, "log": log,
+                      "sbatch": lines[index] if index < len(lines) else ""})
+    return found
+
+
+@pytest.fixture(scope="module")
+def slurm_profile(slurm_cluster, tmp_path_factory):
+    """The derived test profile, installed as `slurm` in a private XDG config folder; the env to use it."""
+    root = tmp_path_factory.mktemp("profile")
+    derive_test_profile(root / "slurm-test", partition=slurm_cluster.partition)
+    env = {**slurm_cluster.env, "XDG_CONFIG_HOME": str(root / "xdg"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    install = subprocess.run(["bash", str(REPO / "scripts/install_profile.sh"), "--profile",
+                              str(root / "slurm-test")], env=env, capture_output=True, text=True, timeout=120)
+    assert install.returncode == 0, install.stderr
+    return env
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, slurm_profile, tmp_path_factory):
+    """The same tiny config run locally (-c2) and on SLURM (`--profile slurm`), one after the other."""
+    root = tmp_path_factory.mktemp("runs")
+    local = _workdir(root / "local", root / "cache-local")
+    code, local_output, local_s = _snakemake(local, "--cores", "2", env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert code == 0, local_output[-6000:]
+
+    slurm = _workdir(root / "slurm", root / "cache-slurm")
+    code, output, slurm_s = _snakemake(slurm, "--profile", "slurm", env=slurm_profile)
+    assert code == 0, output[-8000:] + "\n" + slurm_cluster.logs()
+    submissions = _submissions(output)
+    artifacts = _artifacts()
+    if artifacts:
+        (artifacts / "slurm_run_output.txt").write_text(output)
+        (artifacts / "sbatch_lines.txt").write_text("\n\n".join(
+            f"# rule {s['rule']} (SLURM job {s['slurm_id']})\n" + s["sbatch"] for s in submissions))
+        (artifacts / "timing.json").write_text(json.dumps({"local_run_s": round(local_s, 1),
+                                                           "slurm_run_s": round(slurm_s, 1)}))
+    print(f"\n[slurm] local run {local_s:.1f} s, SLURM run {slurm_s:.1f} s")
+    for s in submissions:
+        print(f"[slurm] {s['rule']}: {s['sbatch'] or '(no sbatch line)'}")
+    return {"local": local, "local_output": local_output, "slurm": slurm, "output": output,
+            "submissions": submissions, "cache": root / "cache-slurm"}
+
+
+def test_every_rule_ran_as_a_slurm_job(runs, slurm_cluster):
+    local_rules = set(FINISHED.findall(runs["local_output"]))
+    slurm_rules = set(FINISHED.findall(runs["output"]))
+    assert slurm_rules == local_rules and "base_rollouts" in local_rules
+    submitted = [s["rule"] for s in runs["submissions"]]
+    assert sorted(submitted) == sorted(local_rules - {"all"})  # each once: `all` only collects the targets
+    assert "localrule all:" in runs["output"]
+    if (REPO / "rules" / "sft.smk").exists():
+        assert "sft_adapter" in submitted
+    for s in runs["submissions"]:
+        info = slurm_cluster.job_info(s["slurm_id"])
+        assert info["JobState"] == "COMPLETED", info["_text"]
+        assert info["Comment"] == f"rule_{s['rule']}"
+        assert info["Partition"] == slurm_cluster.partition
+        assert Path(s["log"]).is_file()  # the job's SLURM log (kept by the test profile)
+        assert s["sbatch"].startswith("sbatch "), s
+
+
+def test_gpu_rules_request_a_gpu_and_cpu_rules_do_not(runs, slurm_cluster):
+    wanted = gpu_rules(load_profile())
+    submitted = {s["rule"] for s in runs["submissions"]}
+    assert {"base_rollouts"} <= wanted & submitted
+    for s in runs["submissions"]:
+        line = s["sbatch"]
+        info = slurm_cluster.job_info(s["slurm_id"])
+        if s["rule"] in wanted:
+            assert "--gpus=1" in line, line
+            assert re.search(r"gres[/:]gpu[:=]1", info.get("TresPerJob", "")), info["_text"]
+            assert info.get("JOB_GRES", "").startswith("gpu:1"), info["_text"]  # SLURM allocated the device
+        else:
+            assert "--gpus" not in line and "--gres" not in line, line
+            assert "gpu" not in info.get("TresPerJob", "(null)"), info["_text"]
+        assert f"-p {slurm_cluster.partition}" in line
+
+
+def _normalized_rows(path: Path) -> str:
+    # JSON text: NaN (bench_score of aborted episodes) compares equal to NaN
+    return json.dumps(pq.read_table(path).to_pylist(), sort_keys=True, default=str)
+
+
+def _record_files(results: Path) -> set[str]:
+    return {str(p.relative_to(results)) for p in results.rglob("*")
+            if p.is_file() and p.relative_to(results).parts[0] not in NOT_RECORDS}
+
+
+def test_records_equal_those_of_a_local_run(runs):
+    local, slurm = runs["local"] / "results", runs["slurm"] / "results"
+    files = _record_files(local)
+    assert files == _record_files(slurm)
+    parquets = sorted(f for f in files if f.endswith(".parquet"))
+    assert "rollouts/base_train.parquet" in parquets
+    for name in parquets:
+        a, b = pq.read_table(local / name), pq.read_table(slurm / name)
+        assert a.schema.remove_metadata() == b.schema.remove_metadata(), name
+        assert a.num_rows == b.num_rows and _normalized_rows(local / name) == _normalized_rows(slurm / name), name
+    for name in sorted(f for f in files if f.endswith(".safetensors")):  # adapters: same training, same weights
+        from safetensors.numpy import load_file
+        a, b = load_file(local / name), load_file(slurm / name)
+        assert a.keys() == b.keys(), name
+        for key in a:
+            assert a[key].shape == b[key].shape and math.isclose(
+                float(abs(a[key] - b[key]).max(initial=0.0)), 0.0, abs_tol=1e-6), (name, key)
+
+
+def test_jobs_use_the_configured_model_cache_not_results(runs):
+    assert any(p.is_file() for p in runs["cache"].rglob("*")), "the SLURM jobs did not use cache_dir"
+    model_files = {"model.safetensors", "tokenizer.json", "pytorch_model.bin", "config.json"}
+    assert not [p for p in (runs["slurm"] / "results").rglob("*") if p.name in model_files]
+
+
+def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile, tmp_path):
+    work = _workdir(tmp_path / "failing", tmp_path / "cache", model={"spec": str(tmp_path / "no-such-model")})
+    start = time.monotonic()
+    code, output, elapsed = _snakemake(work, "--profile", "slurm", env=slurm_profile, limit_s=300)
+    assert code not in (0, 124, 137), output[-6000:]
+    assert "Error in rule base_rollouts" in output, output[-6000:]
+    submissions = _submissions(output)
+    failed = [s for s in submissions if s["rule"] == "base_rollouts"]
+    retries = load_profile().get("retries", 0)
+    assert len(failed) == 1 + retries, output[-6000:]  # the profile's retries: resubmitted, failed again
+    assert not [s for s in submissions if s["rule"] != "base_rollouts"]  # nothing downstream was submitted
+    for attempt, s in enumerate(failed, start=1):
+        assert f"SLURM-job '{s['slurm_id']}' failed" in output
+        assert f"--mem {1000 * attempt} " in s["sbatch"]  # the profile's `mem_mb: ... * attempt`
+        assert slurm_cluster.job_info(s["slurm_id"])["JobState"] == "FAILED"
+    assert "no-such-model" in (work / "results/logs/base_rollouts.log").read_text()
+    artifacts = _artifacts()
+    if artifacts:
+        (artifacts / "failing_run_output.txt").write_text(output)
+    print(f"\n[slurm] failing run reported after {time.monotonic() - start:.1f} s")
+
+
+def test_a_requeued_job_is_waited_for_and_reruns_to_the_same_records(runs, slurm_cluster, slurm_profile, tmp_path):
+    """`slurm-requeue`: a job SLURM requeues mid-way (as on preemption) keeps its id, Snakemake waits for it, and
+    its rule runs again from the start to the same records."""
+    work = _workdir(tmp_path / "requeue", tmp_path / "cache")
+    known = {job for job, _ in slurm_cluster.jobs()}
+    target = "results/rollouts/base_train.parquet"
+    command = ["timeout", "-k", "20", str(RUN_LIMIT_S), sys.executable, "-m", "snakemake", "--snakefile",
+               str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(work / "tiny.yaml"),
+               "--profile", "slurm", "--slurm-requeue", target]
+    log = open(tmp_path / "requeue.out", "w+")
+    proc = subprocess.Popen(command, cwd=work, env=slurm_profile, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def new_job(states):
+            return next(((job, state) for job, state in slurm_cluster.jobs() if job not in known and state in states),
+                        None)
+
+        def wait(condition, what, timeout_s=120):
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                found = condition()
+                if found:
+                    return found
+                assert proc.poll() is None, f"snakemake ended while waiting for {what}"
+                time.sleep(0.5)
+            pytest.fail(f"timed out waiting for {what}")
+
+        job, _ = wait(lambda: new_job({"RUNNING"}), "the job to run")
+        time.sleep(4)  # the rule is under way
+        slurm_cluster.run("scontrol", "requeue", job)
+        wait(lambda: new_job({"PENDING"}), "the job to be pending again")
+        # SLURM holds a requeued job back for its credential lifetime (120 s); let it start at once
+        slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        code = proc.wait(RUN_LIMIT_S + 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.seek(0)
+        output = log.read()
+        log.close()
+    assert code == 0, output[-6000:]
+    (submission,) = _submissions(output)
+    assert submission["slurm_id"] == job and "--requeue" in submission["sbatch"]
+    info = slurm_cluster.job_info(job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["_text"]
+    assert _normalized_rows(work / target) == _normalized_rows(runs["local"] / target)
