@@ -2,7 +2,8 @@
 
 ``import clemcore`` runs ``logging.config.dictConfig`` on its own config: that replaces the process's logging
 set-up and creates ``./clembench.log`` in whatever directory the pipeline runs in. We import it with
-``dictConfig`` disabled, so clemcore's loggers propagate to ours like any library's.
+``dictConfig`` disabled, so clemcore's loggers propagate to ours like any library's. Only clemcore's package
+``__init__`` does this, so once :func:`import_clemcore_backends` ran, its other modules import safely.
 """
 
 from __future__ import annotations
@@ -14,21 +15,29 @@ import sys
 from pathlib import Path
 
 
-def import_clemcore() -> None:
-    if "clemcore.clemgame" in sys.modules:
+def import_clemcore_backends() -> None:
+    """Import ``clemcore`` and ``clemcore.backends`` (fast; all the model side needs)."""
+    if "clemcore" in sys.modules:
         return
     original = logging.config.dictConfig
     logging.config.dictConfig = lambda config: None
     try:
-        import clemcore.clemgame  # noqa: F401  (slow: pulls in openenv)
-        import clemcore.clemgame.envs.pettingzoo.master  # noqa: F401
+        import clemcore.backends  # noqa: F401
     finally:
         logging.config.dictConfig = original
     logging.getLogger("clemcore").setLevel(logging.WARNING)
-    # Every interactions recorder asks importlib.metadata for clemcore's version (parsing its METADATA file,
-    # ~1.4 ms): a tenth of an episode's cost in the engine on small models. The answer never changes.
+
+
+def import_clemcore() -> None:
+    """Also import the game side (``clemcore.clemgame``: slow, it pulls in openenv)."""
+    if "clemcore.clemgame.envs.pettingzoo.master" in sys.modules:
+        return
+    import_clemcore_backends()
+    import clemcore.clemgame.envs.pettingzoo.master  # noqa: F401
     import clemcore.clemgame.recorder as recorder
 
+    # Every interactions recorder asks importlib.metadata for clemcore's version (parsing its METADATA file,
+    # ~1.4 ms): a tenth of an episode's cost in the engine on small models. The answer never changes.
     recorder.get_version = functools.lru_cache(maxsize=1)(recorder.get_version)
 
 

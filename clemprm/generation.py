@@ -27,13 +27,13 @@ import dataclasses
 import inspect
 import logging
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from clemprm.clemcore_setup import import_clemcore_backends
 from clemprm.models import ModelConfig, load_tokenizer_and_model
 
 log = logging.getLogger(__name__)
@@ -548,22 +548,8 @@ def unsupported_generation_settings(generation_config) -> dict:
 # ------------------------------------------------------------------------------------ the clemcore model
 
 
-def _clemcore_backends():
-    """``clemcore.backends`` without clemcore's logging.config side effects (see clemprm.clemcore_setup)."""
-    if "clemcore" not in sys.modules:
-        import logging.config
-        original = logging.config.dictConfig
-        logging.config.dictConfig = lambda config: None
-        try:
-            import clemcore.backends  # noqa: F401
-        finally:
-            logging.config.dictConfig = original
-        logging.getLogger("clemcore").setLevel(logging.WARNING)
-    import clemcore.backends as backends
-    return backends
-
-
-_backends = _clemcore_backends()
+import_clemcore_backends()
+import clemcore.backends as _backends  # noqa: E402
 from clemcore.backends.model_registry import ModelSpec  # noqa: E402
 from clemcore.backends.utils import augment_response_object, ensure_alternating_roles  # noqa: E402
 

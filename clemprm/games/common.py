@@ -173,6 +173,24 @@ def write_split_files(instances_by_split: Mapping[str, dict], out_dir: str | Pat
     return paths
 
 
+def generate_split_files(build_instances, game_dir: Path, seed: int, out_dir: str | Path | None) -> dict[str, dict]:
+    """Builds a game's instances from ``seed`` and writes them to ``out_dir`` (default: the game's ``in/``)."""
+    by_split = build_instances(seed)
+    write_split_files(by_split, game_dir / "in" if out_dir is None else out_dir)
+    return by_split
+
+
+def generator_cli(generate, description: str, argv=None) -> None:
+    """The command line of every ``instancegenerator.py``: ``--seed`` and ``--out``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: the game's in/)")
+    args = parser.parse_args(argv)
+    generate(args.seed, args.out)
+
+
 def split_sequence(items: Sequence, fractions: Sequence[float]) -> list[list]:
     """Cuts ``items`` into consecutive parts of the given fractions (the last part takes the rest)."""
     parts, start = [], 0

@@ -15,11 +15,11 @@ shuffled. Experiments:
 
 from __future__ import annotations
 
-import argparse
 import random
 from pathlib import Path
 
-from clemprm.games.common import DEFAULT_PARSE_MODE, load_lexicon, split_sequence, write_split_files
+from clemprm.games.common import (DEFAULT_PARSE_MODE, generate_split_files, generator_cli, load_lexicon,
+                                  split_sequence)
 
 GAME_NAME = "oddoneout"
 GAME_DIR = Path(__file__).resolve().parent
@@ -106,18 +106,8 @@ def build_instances(seed: int = 42) -> dict[str, dict]:
 
 def generate(seed: int = 42, out_dir: str | Path | None = None) -> dict[str, dict]:
     """Builds the instances and writes them to ``out_dir`` (default: this game's ``in/``)."""
-    by_split = build_instances(seed)
-    write_split_files(by_split, GAME_DIR / "in" if out_dir is None else out_dir)
-    return by_split
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=None, help="output folder (default: the game's in/)")
-    args = parser.parse_args(argv)
-    generate(args.seed, args.out)
+    return generate_split_files(build_instances, GAME_DIR, seed, out_dir)
 
 
 if __name__ == "__main__":
-    main()
+    generator_cli(generate, __doc__)
