@@ -89,7 +89,8 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert "episodes done" in (workdir / "results/logs/base_rollouts.log").read_text()
     assert "sft step" in (workdir / "results/logs/sft_adapter.log").read_text()
 
-    assert "Nothing to be done" in snakemake(workdir, "-n").stdout + snakemake(workdir, "-n").stderr
+    up_to_date = snakemake(workdir, "-n")
+    assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 
     config = yaml.safe_load((workdir / "tiny.yaml").read_text())
     config["win_filter"]["min_bench_score"] = 50.0
