@@ -80,6 +80,9 @@ class Episode:
         self.benchmark = benchmark
         self.turns: list[dict] = []
         self.error: str | None = None
+        # (agent id, messages) once the waiting player has perceived its context (clemcore's perceive_context
+        # memorizes and logs it, so it happens once per turn; forks of a waiting episode inherit it)
+        self.pending: tuple[str, list[dict]] | None = None
 
     @property
     def done(self) -> bool:
@@ -97,7 +100,7 @@ class Episode:
         env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns), shared)
         clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
                         env, recorder, self.benchmark)
-        clone.turns, clone.error = turns, self.error
+        clone.turns, clone.error, clone.pending = turns, self.error, self.pending
         return clone
 
     def drain_finished_agents(self) -> None:
@@ -196,49 +199,75 @@ class RolloutEngine:
             episode.fail(error)
         return episode
 
-    def step(self, episodes: list[Episode], sampling: Sampling | None = None) -> tuple[int, int]:
-        """Answer every episode that waits for a model: one ``generate`` call per model. Returns (turns, tokens)."""
-        sampling = sampling or self.sampling
-        waiting: dict[int, list] = {}  # id(model) -> [(episode, player, messages)]
-        models = {}
-        for episode in episodes:
-            if episode.done:
-                continue
-            try:
+    @staticmethod
+    def waiting(episode: Episode):
+        """``(player, messages)`` of the player the live ``episode`` waits for; the messages as the model gets
+        them (roles merged). The player perceives its context once per turn. None (and the episode fails)
+        when the game cannot say."""
+        try:
+            if episode.pending is None:
                 agent = episode.env.agent_selection
                 player = episode.env.player_by_agent_id[agent]
-                messages = merge_roles(player.perceive_context(episode.env.observe(agent)))
-            except Exception as error:
-                episode.fail(error)
-                continue
-            models[id(player.model)] = player.model
-            waiting.setdefault(id(player.model), []).append((episode, player, messages))
+                episode.pending = agent, merge_roles(player.perceive_context(episode.env.observe(agent)))
+            agent, messages = episode.pending
+            return episode.env.player_by_agent_id[agent], messages
+        except Exception as error:
+            episode.fail(error)
+            return None
 
-        turns = tokens = 0
-        for model_id, items in waiting.items():
-            model = models[model_id]
-            try:
-                generations = model.generate(
-                    [messages for _, _, messages in items],
-                    seeds=[derive_seed(episode.seed, len(episode.turns)) for episode, _, _ in items],
-                    temperature=sampling.temperature, top_p=sampling.top_p,
-                    max_new_tokens=sampling.max_new_tokens)
-            except Exception as error:  # the whole call failed (e.g. out of memory): these episodes end
-                for episode, _, _ in items:
-                    episode.fail(error)
+    def propose(self, episodes: list[Episode], n: int = 1, sampling: Sampling | None = None) -> list[list]:
+        """``n`` candidate answers (:class:`Generation`) for every live episode, nothing applied yet: one
+        ``generate`` call per model for all episodes and candidates. Candidate ``j`` of an episode is sampled
+        with ``derive_seed(episode.seed, turn)`` for ``j == 0`` (what :meth:`step` plays) and
+        ``derive_seed(episode.seed, turn, j)`` otherwise. Done or failing episodes get ``[]``."""
+        sampling = sampling or self.sampling
+        candidates: list[list] = [[] for _ in episodes]
+        by_model: dict[int, list] = {}  # id(model) -> [(index, messages, seed)]
+        models = {}
+        for index, episode in enumerate(episodes):
+            if episode.done or (waiting := self.waiting(episode)) is None:
                 continue
-            for (episode, player, messages), generation in zip(items, generations):
+            player, messages = waiting
+            models[id(player.model)] = player.model
+            turn = len(episode.turns)
+            for j in range(n):
+                seed = derive_seed(episode.seed, turn) if j == 0 else derive_seed(episode.seed, turn, j)
+                by_model.setdefault(id(player.model), []).append((index, messages, seed))
+        for model_id, items in by_model.items():
+            try:
+                generations = models[model_id].generate(
+                    [messages for _, messages, _ in items], seeds=[seed for _, _, seed in items],
+                    temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens)
+            except Exception as error:  # the whole call failed (e.g. out of memory): these episodes end
+                for index, _, _ in items:
+                    episodes[index].fail(error)
+                continue
+            for (index, _, _), generation in zip(items, generations):
+                if not episodes[index].done:
+                    candidates[index].append(generation)
+        return candidates
+
+    def apply(self, episode: Episode, generation) -> None:
+        """Play ``generation`` as the answer of the player ``episode`` waits for (an error ends the episode)."""
+        if generation.error:
+            episode.fail(generation.error)
+        elif (waiting := self.waiting(episode)) is not None:
+            self._apply(episode, *waiting, generation)
+
+    def step(self, episodes: list[Episode], sampling: Sampling | None = None) -> tuple[int, int]:
+        """Answer every episode that waits for a model: one ``generate`` call per model. Returns (turns, tokens)."""
+        turns = tokens = 0
+        for episode, candidates in zip(episodes, self.propose(episodes, 1, sampling)):
+            for generation in candidates:
                 turns += 1
                 tokens += generation.new_tokens
-                if generation.error:
-                    episode.fail(generation.error)
-                    continue
-                self._apply(episode, player, messages, generation)
+                self.apply(episode, generation)
         return turns, tokens
 
     @staticmethod
     def _apply(episode: Episode, player, messages: list[dict], generation) -> None:
         """Give the answer to the player's memory and the game; record the turn."""
+        episode.pending = None
         try:
             player.perceive_response(generation.text, metadata={
                 "prompt": messages, "response_object": {"raw_text": generation.raw_text}})

@@ -60,6 +60,42 @@ INTERACTIONS = pa.schema([
     ])),
 ])
 
+# One row per LLM turn of the SFT policy's trajectories (``branch_points``): the prefix the player saw and its answer.
+BRANCH_POINT_FIELDS = [
+    ("bp_id", pa.string()),            # "<episode_id>/<turn_idx>"
+    ("episode_id", pa.string()),
+    ("game", pa.string()),
+    ("experiment", pa.string()),
+    ("game_id", pa.int64()),
+    ("split", pa.string()),
+    ("turn_idx", pa.int32()),
+    ("player", pa.string()),
+    ("game_role", pa.string()),
+    ("prefix", MESSAGES),              # the player's perspective before the candidate (roles merged)
+    ("candidate", pa.string()),        # the answer the policy gave there
+    ("history", pa.list_(pa.string())),  # every answer of the episode up to and including the candidate
+                                       # (all players, in turn order): replaying it rebuilds the game state
+    ("parse_ok", pa.bool_()),          # the game accepted the candidate (no rule violation)
+    ("seed", pa.int64()),              # the branch point's own seed (its continuations derive from it)
+    ("episode_bench_score", pa.float64()),  # how the sampled trajectory itself ended (NaN when aborted)
+    ("episode_success", pa.bool_()),
+    ("episode_aborted", pa.bool_()),
+]
+BRANCH_POINTS = pa.schema(BRANCH_POINT_FIELDS)
+
+# Branch points with their Monte-Carlo soft label (``soft_labels``): K continuations played to the end.
+SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
+    ("k", pa.int32()),                 # continuations played (0 when the candidate ended the game)
+    ("terminal", pa.bool_()),          # the candidate ended the game: the label is the game's own final score
+    ("rollout_scores", pa.list_(pa.float64())),  # BENCH_SCORE (0-100) of each continuation; aborted ones
+                                       # count as labels.aborted_value * 100, capped ones as the game's partial score
+    ("n_aborted", pa.int32()),
+    ("n_success", pa.int32()),
+    ("n_capped", pa.int32()),          # continuations stopped at labels.max_rollout_rounds
+    ("new_tokens", pa.int64()),        # tokens the continuations generated (cost)
+    ("label", pa.float64()),           # mean of rollout_scores / 100, in [0, 1]
+])
+
 
 class RecordFileError(ValueError):
     """A record file that cannot be read or does not have the expected schema; names the file."""
