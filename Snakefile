@@ -1,4 +1,4 @@
-# clemprm: base rollouts -> win filter -> (SFT -> branch points -> soft labels -> PRM -> PRM-guided eval)
+# clemprm: base rollouts -> win filter -> SFT -> branch points -> soft labels -> PRM -> PRM-guided eval
 # Run: snakemake -c2 (local, embedded default) | snakemake --profile slurm (cluster; see README)
 import os
 
@@ -15,13 +15,21 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 validate_config(config)  # fails at parse time with the dotted name of a bad key
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/rollouts.smk"
 include: "rules/sft.smk"
+include: "rules/labels.smk"
+include: "rules/prm.smk"
+include: "rules/eval.smk"
 
 
 rule all:
     input:
-        "results/sft/sft_data.parquet",
-        "results/sft/adapter",
-        "results/sft/metrics.json",
+        "results/prm_eval.json",
+        "results/report/eval_scores.png",
+        "results/report/soft_labels.png",
+        "results/report/prm_calibration.png",
+        "results/report/training_curves.png",
     default_target: True

@@ -52,3 +52,39 @@ def run_clemcore(runner: str, benchmark, instances: list[Instance], model, batch
     else:
         raise ValueError(f"unknown clemcore runner {runner!r}")
     return [episodes[instance.key] for instance in instances]
+
+
+def run_clemcore_branching(roots: list, k: int, aborted_value: float) -> list[list[float]]:
+    """Soft-label continuations with clemcore's branching runner: from each root episode (a branch point's
+    state, see :class:`clemprm.labels.BranchPointStates`) ``k`` branches are played to the end one at a time.
+    Returns each root's continuation scores (0-100; an aborted one ``aborted_value`` x 100)."""
+    import copy
+    import math
+
+    import_clemcore()
+    from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList, GameInteractionsRecorder
+    from clemcore.clemgame.runners.branching import BranchingRunner
+
+    all_scores = []
+    for root in roots:
+        scores = []
+
+        class ScoreOnEnd(GameBenchmarkCallback):
+            def on_game_end(self, game_master, game_instance, exception=None, rewards=None):
+                recorder = next(r for r in game_master._loggers if isinstance(r, GameInteractionsRecorder))
+                scorer = root.benchmark.create_game_scorer(root.instance.experiment, root.instance.instance)
+                scorer.compute_scores(recorder.interactions)
+                episode_scores = scorer.scores["episode scores"]
+                aborted = bool(episode_scores.get("Aborted", 1))
+                main = episode_scores.get("Main Score", math.nan)
+                scores.append(100.0 * aborted_value if aborted else float(main))
+
+        root_env = copy.deepcopy(root.env, {id(root.benchmark): root.benchmark})
+        root_env.callbacks = GameBenchmarkCallbackList([ScoreOnEnd()])
+
+        def at_root(env=None, **_):  # branch k ways at the branch point only, then play each branch on
+            return env is root_env
+
+        BranchingRunner(root_env, branching_factor=k, branching_condition=at_root).run()
+        all_scores.append(scores)
+    return all_scores

@@ -282,15 +282,33 @@ class RolloutEngine:
         except Exception as error:
             episode.fail(error)
 
-    def run(self, episodes: list[Episode], label: str = "rollouts", sampling: Sampling | None = None) -> list[Episode]:
-        """Step all episodes in lockstep until every one is done."""
+    def run(self, episodes: list[Episode], label: str = "rollouts", sampling: Sampling | None = None,
+            max_turns: int | None = None) -> list[Episode]:
+        """Step all episodes in lockstep until every one is done, or has played ``max_turns`` turns in this call
+        (then it stays unfinished: the caller decides how to score it)."""
         progress = Progress(len(episodes), label)
-        live = [episode for episode in episodes if not episode.done]
+        start_turns = {id(episode): len(episode.turns) for episode in episodes}
+
+        def playing(episode):
+            return not episode.done and (max_turns is None or len(episode.turns) - start_turns[id(episode)] < max_turns)
+
+        live = [episode for episode in episodes if playing(episode)]
         while live:
             turns, tokens = self.step(live, sampling)
-            live = [episode for episode in live if not episode.done]
+            live = [episode for episode in live if playing(episode)]
             progress.update(len(episodes) - len(live), turns, tokens, force=not live)
         return episodes
+
+    def replay(self, episode: Episode, responses: list[str]) -> Episode:
+        """Play recorded answers (no generation) to rebuild a game state; the games are deterministic given
+        their instance and the answers, so the state equals the one the answers were first given in."""
+        from clemprm.generation import Generation
+
+        for text in responses:
+            if episode.done:
+                break
+            self.apply(episode, Generation(text=text, raw_text=text, prompt_tokens=0, new_tokens=0))
+        return episode
 
     def play(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,
              policy_name: str) -> list[dict]:

@@ -86,14 +86,22 @@ BRANCH_POINTS = pa.schema(BRANCH_POINT_FIELDS)
 # Branch points with their Monte-Carlo soft label (``soft_labels``): K continuations played to the end.
 SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
     ("k", pa.int32()),                 # continuations played (0 when the candidate ended the game)
-    ("terminal", pa.bool_()),          # the candidate ended the game: the label is the game's own final score
+    ("terminal", pa.bool_()),          # the candidate ended the game: rollout_scores holds its own final score
     ("rollout_scores", pa.list_(pa.float64())),  # BENCH_SCORE (0-100) of each continuation; aborted ones
                                        # count as labels.aborted_value * 100, capped ones as the game's partial score
-    ("n_aborted", pa.int32()),
-    ("n_success", pa.int32()),
+    ("n_aborted", pa.int32()),         # continuations that aborted (terminal: 1 when the candidate aborted the game)
+    ("n_success", pa.int32()),         # continuations that won (terminal: 1 when the candidate won the game)
     ("n_capped", pa.int32()),          # continuations stopped at labels.max_rollout_rounds
     ("new_tokens", pa.int64()),        # tokens the continuations generated (cost)
     ("label", pa.float64()),           # mean of rollout_scores / 100, in [0, 1]
+])
+
+# Evaluation episodes (``results/eval/<mode>.parquet``): the episode that counts, plus what its mode spent on it.
+EVAL_EPISODES = pa.schema(list(EPISODES) + [
+    ("mode", pa.string()),             # greedy_base | greedy_sft | best_of_n | beam_search
+    ("policy_tokens", pa.int64()),     # tokens the policy generated for this episode, unplayed candidates included
+    ("prm_pairs", pa.int64()),         # (perspective, candidate) pairs the PRM scored (0 for greedy)
+    ("search_nodes", pa.int64()),      # candidate answers generated: the search tree's nodes (greedy: one per turn)
 ])
 
 

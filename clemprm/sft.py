@@ -275,17 +275,29 @@ def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_v
         dataloader_pin_memory=device == "cuda", **per_epoch)
 
 
-def _progress_callback():
+def progress_callback(stage: str = "sft"):
+    """A Trainer callback that logs ``<stage> step i/n (epoch, seconds per step): losses`` lines to the logger
+    ``clemprm.<stage>``."""
     from transformers import TrainerCallback
+
+    logger = logging.getLogger(f"clemprm.{stage}")
 
     class LogProgress(TrainerCallback):
         """Training progress as log lines in the rule log (the progress bars are off)."""
+
+        start = first_step = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.start, self.first_step = time.perf_counter(), state.global_step
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in (logs or {}).items()
                      if k in ("loss", "mean_token_accuracy", "learning_rate", "grad_norm", "eval_loss",
                               "eval_mean_token_accuracy", "train_runtime", "num_tokens")}
-            log.info("sft step %d/%d (epoch %.2f): %s", state.global_step, state.max_steps, state.epoch or 0.0, shown)
+            steps = state.global_step - (self.first_step or 0)
+            rate = (time.perf_counter() - self.start) / steps if self.start is not None and steps else math.nan
+            logger.info("%s step %d/%d (epoch %.2f, %.2f s/step): %s", stage, state.global_step, state.max_steps,
+                        state.epoch or 0.0, rate, shown)
 
     return LogProgress()
 
@@ -445,7 +457,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         else:
             args = _sft_config(sft, seed, str(tmp_root / "checkpoints"), device, resolve_dtype(cfg, device),
                                has_validation=bool(validation))
-            callbacks = [_progress_callback()]
+            callbacks = [progress_callback()]
             if validation:
                 callbacks.append(EarlyStoppingCallback(early_stopping_patience=sft["early_stopping_patience"]))
             trainer = SFTTrainer(

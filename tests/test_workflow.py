@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import json
 
+import jsonschema
 import pytest
 import yaml
 
-from clemprm import records
+from clemprm import evaluation, records
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
@@ -27,6 +29,10 @@ def tiny_workflow_config(cache_dir: str) -> dict:
         "win_filter": {"require_success": True, "min_bench_score": 0.0},
         # a random tiny model rarely wins: a small playpen-data file guarantees SFT examples
         "sft": {"epochs": 2, "batch_size": 4, "grad_accum": 1, "max_examples": 8, "lr": 1e-3, "extra_data": "extra.jsonl"},
+        "branch_points": {"max_new_tokens": 8},
+        "labels": {"k": 2, "max_new_tokens": 8, "shards": 2, "checkpoint_every": 2},
+        "prm": {"epochs": 1, "max_examples": 16, "batch_size": 8, "grad_accum": 1},
+        "eval": {"max_new_tokens": 8, "n": 2, "num_beam_iterations": 4, "bootstrap_samples": 100},
     }
 
 
@@ -40,9 +46,15 @@ def write_extra_interactions(path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def planned_rules(dry_run_output: str) -> set[str]:
+    """The rules a dry run would run (its `rule <name>:` / `localrule <name>:` lines)."""
+    return set(re.findall(r"^(?:local)?rule (\w+):", dry_run_output, flags=re.MULTILINE))
+
+
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(SNAKEMAKE + ["--directory", str(workdir), "--configfile", str(workdir / "tiny.yaml"),
-                                         *args], capture_output=True, text=True, timeout=900,
+    # targets and options before --configfile, which takes every following word as a config file
+    result = subprocess.run(SNAKEMAKE + [*args, "--directory", str(workdir), "--configfile", str(workdir / "tiny.yaml")],
+                            capture_output=True, text=True, timeout=900,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if check and result.returncode != 0:
         pytest.fail(f"snakemake {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
@@ -58,7 +70,8 @@ def workdir(tmp_path, test_cache_dir):
 
 def test_dry_run_lists_the_rules(workdir):
     output = snakemake(workdir, "-n").stdout
-    for rule in ("base_rollouts", "win_filter", "sft_adapter", "all"):
+    for rule in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
+                 "all"):
         assert rule in output
 
 
@@ -83,11 +96,28 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     metrics = json.loads(metrics_path.read_text())
     assert metrics["status"] == "trained" and metrics["steps"] > 0 and metrics["examples"]["rows"]["extra_data"] == 4
     assert metrics["config"]["sft"]["lr"] == 1e-3 and metrics["config"]["model"]["spec"] == "tiny:0"
-    for name in ("base_rollouts", "win_filter", "sft_adapter"):
+    bps = records.read_records(workdir / "results/labels/branch_points.parquet", records.BRANCH_POINTS)
+    soft_labels = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
+    assert bps and [row["bp_id"] for row in soft_labels] == [bp["bp_id"] for bp in bps]
+    assert all(0 <= row["label"] <= 1 and row["k"] in (0, 2) for row in soft_labels)
+    assert sorted(p.name for p in (workdir / "results/labels/shards").iterdir()) == ["0-of-2.parquet", "1-of-2.parquet"]
+    prm_metrics = json.loads((workdir / "results/prm/metrics.json").read_text())
+    assert prm_metrics["config"]["prm"]["epochs"] == 1
+    summary = json.loads((workdir / "results/prm_eval.json").read_text())
+    jsonschema.validate(summary, json.loads(evaluation.SCHEMA_PATH.read_text()))
+    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "best_of_n", "beam_search"}
+    for figure in ("eval_scores", "soft_labels", "prm_calibration", "training_curves"):
+        assert (workdir / f"results/report/{figure}.png").stat().st_size > 1000
+    for name in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "gather_soft_labels",
+                 "soft_labels/0-of-2", "prm_adapter", "greedy_base", "greedy_sft", "best_of_n", "beam_search",
+                 "eval_summary", "eval_report_figures"):
         assert "rule " in (workdir / f"results/logs/{name}.log").read_text()
         assert (workdir / f"results/benchmarks/{name}.tsv").exists()
     assert "episodes done" in (workdir / "results/logs/base_rollouts.log").read_text()
     assert "sft step" in (workdir / "results/logs/sft_adapter.log").read_text()
+
+    snakemake(workdir, "--report", "report.html")
+    assert (workdir / "report.html").stat().st_size > 10000
 
     up_to_date = snakemake(workdir, "-n")
     assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
@@ -114,3 +144,16 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert sft_path.stat().st_mtime_ns == mtimes[sft_path]
     assert metrics_path.stat().st_mtime_ns != mtimes[metrics_path]
     assert json.loads(metrics_path.read_text())["config"]["sft"]["lr"] == 2e-3
+
+    # changing labels.k reruns the label shards, their gather and what follows (PRM, eval), nothing upstream
+    config["labels"]["k"] = 3
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    bp_mtime = (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns
+    dry_run = snakemake(workdir, "-n").stdout
+    planned = planned_rules(dry_run)
+    assert {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"} <= planned
+    assert not planned & {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}
+    snakemake(workdir, "results/labels/soft_labels.parquet")
+    assert (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns == bp_mtime
+    relabelled = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
+    assert {row["k"] for row in relabelled} <= {0, 3}

@@ -9,7 +9,8 @@ import sys
 
 from tests.slurm.profiles import PROFILE, REPO, gpu_rules, load_profile, workflow_rules
 
-MODEL_RULES = {"base_rollouts", "sft_adapter"}  # rules that load the policy (more join as stages land)
+MODEL_RULES = {"base_rollouts", "sft_adapter", "branch_points", "soft_labels", "prm_adapter", "greedy_base", "greedy_sft",
+               "best_of_n", "beam_search"}  # rules that load a model
 
 
 def test_every_rule_has_slurm_resources_and_model_rules_ask_for_a_gpu():
@@ -24,7 +25,9 @@ def test_every_rule_has_slurm_resources_and_model_rules_ask_for_a_gpu():
     assert not missing, (f"rules without an entry under set-resources in profiles/slurm/config.yaml: {missing}. "
                          "Add one (a GPU model stage: `<<: *gpu_job`; a CPU step: mem_mb/runtime/cpus_per_task).")
     assert MODEL_RULES & rules <= gpu_rules(profile)
-    assert not gpu_rules(profile) & {"win_filter"}  # filtering is a small CPU job
+    assert MODEL_RULES <= rules
+    # filtering, gathering and summaries are small CPU jobs
+    assert not gpu_rules(profile) & {"win_filter", "gather_soft_labels", "eval_summary", "eval_report_figures"}
 
 
 def _dry_run(*args, cwd, env):

@@ -152,6 +152,19 @@ class GuessNumber(DialogueGameMaster):
         # a round is one guess, together with the reprompt before it (if any)
         return not self.reprompted
 
+    def partial_bench_score(self) -> float:
+        """The BENCH_SCORE an unfinished game is worth (a label continuation stopped at its round cap): the
+        expected score of one more guess drawn uniformly from the numbers the feedback still allows."""
+        if self.success or self.aborted or len(self.guesses) >= self.max_guesses:
+            return 100 / len(self.guesses) if self.success else 0.0
+        low, high = 1, self.max_number
+        for guess in self.guesses:
+            if guess < self.target:
+                low = max(low, guess + 1)
+            elif guess > self.target:
+                high = min(high, guess - 1)
+        return 100 / (len(self.guesses) + 1) / (high - low + 1)
+
     def _on_after_game(self):
         self.log_key(METRIC_ABORTED, int(self.aborted))
         self.log_key(METRIC_LOSE, int(self.lose and not self.aborted))

@@ -1,0 +1,305 @@
+"""PRM-guided evaluation: each mode plays the eval split; one summary with bootstrap CIs (``results/prm_eval.json``).
+
+Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`clemprm.records.EVAL_EPISODES`):
+
+``greedy_base``  the base policy (``model``), temperature 0
+``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
+``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
+``beam_search``  the SFT policy; beams of forked games ranked by the PRM
+
+All modes play the same instances with the same episode seeds, so they pair by instance
+``(game, experiment, game_id)``.
+
+The summary gives, per mode, per game and overall: episodes, % played, quality (mean BENCH_SCORE of the played
+episodes), clemscore and success rate. Overall is clembench's macro average: % played, quality and success
+rate are averaged over games (a game without a played episode has no quality and is left out of that mean),
+clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
+percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
+episodes of a drawn instance come along). Differences of every mode to ``greedy_sft`` and ``greedy_base`` use
+paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pandas as pd
+
+from clemprm import records
+from clemprm.catalog import GameCatalog, Instance
+from clemprm.config import provenance
+from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
+from clemprm.labels import sft_policy_settings
+from clemprm.search import SearchCost, greedy_cost
+from clemprm.search.beam_search import beam_search
+from clemprm.search.best_of_n import best_of_n
+from clemprm.sft import _write_json
+from clemprm.stages import load_policy, summarize
+
+log = logging.getLogger(__name__)
+
+MODES = ("greedy_base", "greedy_sft", "best_of_n", "beam_search")
+PRM_MODES = ("best_of_n", "beam_search")
+BASELINES = ("greedy_sft", "greedy_base")
+METRICS = ("percent_played", "quality", "clemscore", "success_rate")
+OVERALL = "overall"
+SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
+
+
+# ------------------------------------------------------------------------------------------------ playing
+
+
+def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
+    """Greedy modes decode at temperature 0; the searches sample their candidates."""
+    if mode in PRM_MODES:
+        return Sampling(eval_settings["temperature"], eval_settings["top_p"], eval_settings["max_new_tokens"])
+    return Sampling(0.0, 1.0, eval_settings["max_new_tokens"])
+
+
+def start_episodes(engine: RolloutEngine, instances: list[Instance], policy, repeats: int,
+                   base_seed: int) -> list[Episode]:
+    """Every instance ``repeats`` times; the seeds do not depend on the mode, so modes pair episode by episode."""
+    episodes = []
+    for instance in instances:
+        game, experiment, game_id = instance.key
+        for repeat in range(repeats):
+            episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
+            episodes.append(engine.start(instance, [policy], episode_id, derive_seed(base_seed, "eval", episode_id)))
+    return episodes
+
+
+def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
+         eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
+    """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
+    if mode == "best_of_n":
+        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling)
+    if mode == "beam_search":
+        return beam_search(engine, episodes, prm, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
+                           iterations=eval_settings["num_beam_iterations"], sampling=engine.sampling,
+                           aggregation=eval_settings["aggregation"])
+    engine.run(episodes, label=mode)
+    return episodes, [greedy_cost(episode) for episode in episodes]
+
+
+def stats_dict(stats) -> dict | None:
+    """A model's running counters as a dict (a dataclass with ``as_dict``, or a plain dict), None if it has none."""
+    if stats is None:
+        return None
+    return stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+
+
+def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) -> dict:
+    """What the summary reports of a mode's run: wall seconds of play, the policy and the PRM with their counters."""
+    cfg = getattr(policy, "cfg", None)
+    return {"mode": mode, "wall_seconds": round(seconds, 3),
+            "policy": {"name": policy.name, "spec": getattr(cfg, "spec", None),
+                       "adapter": getattr(cfg, "adapter", None), "stats": stats_dict(getattr(policy, "stats", None))},
+            "prm": None if prm is None else {"adapter": prm_adapter, "stats": stats_dict(getattr(prm, "stats", None))}}
+
+
+def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
+                  prm_adapter: str | None = None, *, policy=None, prm=None) -> list[dict]:
+    """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
+
+    ``settings``: the rule's params (seed, model, games, eval; prm for the PRM modes). ``policy`` and ``prm``
+    replace the loaded models (tests). The parquet's provenance also holds the run: policy, PRM adapter, wall
+    seconds of play, model counters.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
+    eval_settings = settings["eval"]
+    catalog = GameCatalog(settings["games"])
+    instances = catalog.all_instances(eval_settings["split"])
+    if policy is None:
+        if mode != "greedy_base" and not sft_adapter:
+            raise ValueError(f"eval mode {mode} plays the SFT policy: give the SFT adapter folder")
+        model = settings["model"] if mode == "greedy_base" else sft_policy_settings(settings["model"], sft_adapter)
+        policy = load_policy(model, cache_dir)
+    if mode in PRM_MODES and prm is None:
+        from clemprm.prm import load_prm
+
+        prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
+    engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
+    log.info("eval %s: %d %s instances x %d episodes, policy %s", mode, len(instances), eval_settings["split"],
+             eval_settings["episodes_per_instance"], policy.name)
+    start = time.perf_counter()
+    episodes = start_episodes(engine, instances, policy, eval_settings["episodes_per_instance"], settings["seed"])
+    episodes, costs = play(mode, engine, episodes, prm, eval_settings)
+    seconds = time.perf_counter() - start
+    rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
+             "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
+    run = run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter)
+    records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
+    log.info("eval %s: %d episodes in %.0f s -> %s\n%s", mode, len(rows), seconds, output,
+             summarize(rows) if rows else "(no episode)")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+
+def instance_table(rows: list[dict]) -> pd.DataFrame:
+    """Per instance ``(game, experiment, game_id)``, sorted: episodes, played episodes, their summed BENCH_SCORE,
+    successes (the sufficient statistics of every metric)."""
+    frame = pd.DataFrame({
+        "game": [row["game"] for row in rows], "experiment": [row["experiment"] for row in rows],
+        "game_id": [row["game_id"] for row in rows], "played": [not row["aborted"] for row in rows],
+        "score": [0.0 if row["aborted"] else row["bench_score"] for row in rows],
+        "success": [bool(row["success"]) for row in rows]})
+    return frame.groupby(["game", "experiment", "game_id"]).agg(
+        episodes=("played", "size"), played=("played", "sum"), score=("score", "sum"), success=("success", "sum"))
+
+
+def clemscore(percent_played: np.ndarray, quality: np.ndarray) -> np.ndarray:
+    """% played / 100 x quality; 0 where nothing was played (no quality)."""
+    return np.where(np.isnan(quality), 0.0, percent_played / 100 * np.nan_to_num(quality))
+
+
+def game_metrics(table: pd.DataFrame, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The metrics of one game, one per row of ``weights`` (draws x instances: how often each instance is drawn)."""
+    episodes, played, score, success = (weights @ table[column].to_numpy(float)
+                                        for column in ("episodes", "played", "score", "success"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        quality = np.where(played > 0, score / played, np.nan)
+    percent_played = 100 * played / episodes
+    return {"percent_played": percent_played, "quality": quality, "clemscore": clemscore(percent_played, quality),
+            "success_rate": 100 * success / episodes}
+
+
+def macro(per_game: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Overall metrics, clembench's way: averages over games; clemscore from the averaged % played and quality."""
+    def stack(metric):
+        return np.vstack([metrics[metric] for metrics in per_game])
+
+    percent_played = stack("percent_played").mean(axis=0)
+    qualities = stack("quality")
+    defined = ~np.isnan(qualities)
+    quality = np.where(defined.any(axis=0), np.nansum(qualities, axis=0) / np.maximum(defined.sum(axis=0), 1), np.nan)
+    return {"percent_played": percent_played, "quality": quality, "clemscore": clemscore(percent_played, quality),
+            "success_rate": stack("success_rate").mean(axis=0)}
+
+
+def metric_arrays(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Metric arrays per game and overall under per-game instance ``weights``."""
+    per_game = {game: game_metrics(table, weights[game]) for game, table in tables.items()}
+    return {**per_game, OVERALL: macro(list(per_game.values()))}
+
+
+def bootstrap_weights(tables: dict[str, pd.DataFrame], samples: int, seed: int) -> dict[str, np.ndarray]:
+    """Per game, ``samples`` draws of its instances with replacement (as counts), seeded per game and size: two
+    modes on the same instances get the same draws (paired), and a game's draws do not depend on other games."""
+    weights = {}
+    for game, table in tables.items():
+        rng = np.random.default_rng(derive_seed(seed, "bootstrap", game, len(table)))
+        weights[game] = rng.multinomial(len(table), np.full(len(table), 1 / len(table)), size=samples)
+    return weights
+
+
+def interval(point: float, draws: np.ndarray, ci: float) -> dict:
+    """Point estimate and percentile bootstrap interval; null where undefined (e.g. quality with nothing played)."""
+    draws = draws[~np.isnan(draws)]
+    if math.isnan(point) or not draws.size:
+        return {"value": None, "ci_low": None, "ci_high": None}
+    low, high = np.percentile(draws, [50 * (1 - ci), 50 * (1 + ci)])
+    return {"value": float(point), "ci_low": float(low), "ci_high": float(high)}
+
+
+def estimates(points: dict[str, dict], draws: dict[str, dict], ci: float) -> dict[str, dict]:
+    return {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in METRICS}
+            for group in points}
+
+
+def split_by_game(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {game: part for game, part in table.groupby(level="game", sort=True)}
+
+
+def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float) -> dict:
+    """Metrics of one mode per game and overall, with bootstrap CIs and episode/instance counts."""
+    tables = split_by_game(table)
+    points = metric_arrays(tables, {game: np.ones((1, len(part))) for game, part in tables.items()})
+    result = estimates(points, metric_arrays(tables, bootstrap_weights(tables, samples, seed)), ci)
+    for game, part in tables.items():
+        result[game].update(episodes=int(part["episodes"].sum()), instances=len(part))
+    result[OVERALL].update(episodes=int(table["episodes"].sum()), instances=len(table))
+    return result
+
+
+def difference(table: pd.DataFrame, baseline: pd.DataFrame, samples: int, seed: int, ci: float) -> dict:
+    """``mode - baseline`` per game and overall on the instances both played, with paired bootstrap CIs ({} when
+    they share none)."""
+    common = table.index.intersection(baseline.index)
+    if common.empty:
+        return {}
+    a, b = split_by_game(table.loc[common]), split_by_game(baseline.loc[common])
+    ones = {game: np.ones((1, len(part))) for game, part in a.items()}
+    weights = bootstrap_weights(a, samples, seed)
+    points = _subtract(metric_arrays(a, ones), metric_arrays(b, ones))
+    result = estimates(points, _subtract(metric_arrays(a, weights), metric_arrays(b, weights)), ci)
+    for group in result:
+        result[group]["instances"] = len(common) if group == OVERALL else len(a[group])
+    return result
+
+
+def _subtract(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
+    return {group: {metric: a[group][metric] - b[group][metric] for metric in METRICS} for group in a}
+
+
+# ------------------------------------------------------------------------------------------------ summary
+
+
+def mode_cost(rows: list[dict], run: dict) -> dict:
+    return {"policy_tokens": sum(row["policy_tokens"] for row in rows),
+            "prm_pairs": sum(row["prm_pairs"] for row in rows),
+            "search_nodes": sum(row["search_nodes"] for row in rows),
+            "wall_seconds": run.get("wall_seconds")}
+
+
+def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
+    """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema)."""
+    eval_settings = settings["eval"]
+    samples, ci, seed = eval_settings["bootstrap_samples"], eval_settings["ci"], settings["seed"]
+    runs = {}
+    for path in mode_paths:
+        run = records.read_provenance(path).get("run", {})
+        runs[run.get("mode") or Path(path).stem] = (records.read_records(path, records.EVAL_EPISODES), run)
+    tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
+    summary = {
+        "split": eval_settings["split"],
+        "bootstrap": {"samples": samples, "ci": ci, "seed": seed, "unit": "instance (game, experiment, game_id)",
+                      "resampling": "within each game", "interval": "percentile"},
+        "modes": {mode: {"policy": run.get("policy"), "prm": run.get("prm"), "cost": mode_cost(rows, run),
+                         "results": mode_estimates(tables[mode], samples, seed, ci) if mode in tables else {}}
+                  for mode, (rows, run) in runs.items()},
+        "differences": {baseline: {mode: difference(tables[mode], tables[baseline], samples, seed, ci)
+                                   for mode in tables if mode != baseline}
+                        for baseline in BASELINES if baseline in tables},
+        **provenance(settings),
+    }
+    jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
+    _write_json(output, summary)
+    log.info("eval summary -> %s\n%s", output, summary_lines(summary))
+    return summary
+
+
+def summary_lines(summary: dict) -> str:
+    """One line per mode: % played and quality side by side (never clemscore alone), with their CIs."""
+    def show(value):
+        if value["value"] is None:
+            return "n/a"
+        return f"{value['value']:.1f} [{value['ci_low']:.1f}, {value['ci_high']:.1f}]"
+
+    lines = []
+    for mode, entry in summary["modes"].items():
+        overall = entry["results"].get(OVERALL)
+        if overall:
+            lines.append(f"{mode}: {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
+                         f"quality {show(overall['quality'])}, clemscore {show(overall['clemscore'])}, "
+                         f"success {show(overall['success_rate'])}; cost {entry['cost']}")
+    return "\n".join(lines)
+

@@ -1,0 +1,534 @@
+"""The process reward model: the ``prm_adapter`` stage (training) and :class:`PRMScorer` (scoring, every later stage).
+
+Model
+    ``AutoModelForSequenceClassification(num_labels=1)`` on ``prm.base_model`` (null: the policy's ``model.spec``),
+    loaded by the one model loader with the ``model`` section's settings (``quantization: auto`` = 4-bit NF4 on
+    CUDA), plus a PEFT LoRA adapter (``task_type="SEQ_CLS"``: the ``score`` head is trained in full and saved
+    with the adapter). The output is ``sigmoid(logit)`` = P(success | prefix + candidate). The policy's own
+    ``model.adapter`` never applies to the PRM.
+
+Text of a pair
+    One function, :func:`pair_text`, for training and scoring: the prefix messages with consecutive same-role
+    messages merged (as the clemcore backends send them) plus ``{"role": "assistant", "content": candidate}``,
+    rendered by the chat template without a generation prompt (``chat_template_kwargs`` included). A text longer
+    than ``max_length`` tokens keeps its end (the candidate and the most recent context). Sequence
+    classification pools the last non-pad token, so the loader gives the tokenizer a pad token that differs from
+    the end-of-turn token, and batches are padded on the right (recurrent layers such as Qwen3.5's Gated DeltaNet
+    never see padding before a real token).
+
+Training
+    Soft labels (``results/labels/soft_labels.parquet``, :data:`clemprm.records.SOFT_LABELS`), one example per
+    branch point. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
+    squared error of ``sigmoid(logit)``), linear schedule with warmup, effective batch ``batch_size x grad_accum``,
+    at most ``prm.epochs`` epochs with early stopping on a held-out slice of *instances*
+    ``(game, experiment, game_id)``; the best epoch's adapter is the one written. CUDA: bf16, gradient
+    checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``.
+
+Metrics
+    On both sides, from the written model through the scorer: BCE, MSE, Pearson and Spearman correlation with
+    the labels, AUROC of ``label > 0.5`` (null when one class is missing), a 10-bin calibration table; and the
+    same for two baselines that know no candidate: the train-side mean label, and the train-side mean label of
+    the candidate's game. A PRM that only beats the first has learned "which game is this", not "which move".
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from clemprm import records
+from clemprm.config import provenance
+from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+from clemprm.sft import (OPTIMIZER_AUTO, _finite, _move_into_place, _name_base, _write_json, device_name,
+                         epoch_history, keep_4bit_differentiable, normalise, peak_memory_mb, progress_callback,
+                         split_instances)
+
+log = logging.getLogger(__name__)
+
+LOSSES = ("bce", "mse")
+CALIBRATION_BINS = 10
+EPSILON = 1e-7          # probabilities are clipped to [EPSILON, 1 - EPSILON] for the BCE of predictions
+
+
+# ------------------------------------------------------------------------------------------ pair text
+
+
+def pair_text(tokenizer, prefix: list[dict], candidate: str, chat_template_kwargs: dict | None = None) -> str:
+    """THE text the PRM reads for ``(prefix, candidate)``, in training and in scoring."""
+    messages = normalise(list(prefix) + [{"role": "assistant", "content": candidate}])
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=False, tokenize=False,
+                                         **(chat_template_kwargs or {}))
+
+
+def encode_pair(tokenizer, prefix: list[dict], candidate: str, chat_template_kwargs: dict | None,
+                max_length: int) -> tuple[list[int], bool]:
+    """The token ids of :func:`pair_text` truncated from the left (its last ``max_length`` tokens: the candidate
+    and the most recent context), and whether anything was cut."""
+    text = pair_text(tokenizer, prefix, candidate, chat_template_kwargs)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[-max_length:], len(ids) > max_length
+
+
+def pad_right(sequences: list[list[int]], pad_id: int):
+    """``(input_ids, attention_mask)`` tensors, padded on the right."""
+    import torch
+
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, :len(ids)] = 1
+    return input_ids, attention_mask
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped longest first into batches of at most ``token_budget`` padded tokens (a longer row alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * lengths[current[0]] > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + [current] if current else batches
+
+
+# --------------------------------------------------------------------------------------------- scorer
+
+
+@dataclass
+class PRMStats:
+    """Running counters of a :class:`PRMScorer` (also readable as ``stats["pairs"]``)."""
+
+    calls: int = 0
+    pairs: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    seconds: float = 0.0
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class PRMScorer:
+    """P(success) of ``(prefix messages, candidate)`` pairs from the PRM (base + adapter ``cfg.adapter``).
+
+    ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
+    sorted by length so a micro-batch holds similar lengths. A score does not depend on the batch it is in
+    (up to float rounding)."""
+
+    def __init__(self, cfg: ModelConfig, *, max_length: int = 1024, token_budget: int | None = None, tokenizer=None,
+                 model=None):
+        self.cfg = cfg
+        if model is None or tokenizer is None:
+            tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="seq-cls")
+        self.tokenizer, self.model = tokenizer, model
+        self.max_length = int(max_length)
+        self.token_budget = int(token_budget or cfg.token_budget)
+        self.stats = PRMStats()
+
+    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
+        """P(success) for each (prefix messages, candidate answer); length-sorted micro-batches under a token
+        budget, left truncation."""
+        start = time.perf_counter()
+        sequences = []
+        for prefix, candidate in pairs:
+            ids, truncated = encode_pair(self.tokenizer, prefix, candidate, self.cfg.chat_template_kwargs,
+                                         self.max_length)
+            sequences.append(ids)
+            self.stats.truncated += truncated
+        scores = self.score_ids(sequences)
+        self.stats.calls += 1
+        self.stats.pairs += len(pairs)
+        self.stats.tokens += sum(len(ids) for ids in sequences)
+        self.stats.seconds += time.perf_counter() - start
+        return scores
+
+    def score_ids(self, sequences: list[list[int]]) -> list[float]:
+        """P(success) of already encoded pairs. On CUDA under autocast to the configured compute dtype: a model just
+        prepared for 4-bit training keeps its score head and norms in fp32 while its 4-bit layers compute in bf16."""
+        import torch
+
+        scores = [math.nan] * len(sequences)
+        device = next(self.model.parameters()).device
+        dtype = resolve_dtype(self.cfg, device.type)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype,
+                                                    enabled=device.type == "cuda" and dtype != torch.float32):
+            for batch in micro_batches([len(ids) for ids in sequences], self.token_budget):
+                input_ids, attention_mask = pad_right([sequences[i] for i in batch], self.tokenizer.pad_token_id)
+                logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+                for i, value in zip(batch, torch.sigmoid(logits.float().squeeze(-1)).tolist()):
+                    scores[i] = value
+        self.model.train(was_training)
+        return scores
+
+
+def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str | None = None,
+                     cache_dir: str | None = None) -> ModelConfig:
+    """The PRM's base (``prm.base_model``, else ``model.spec``) with the ``model`` section's loading settings."""
+    return ModelConfig.from_dict({**model_settings, "spec": prm_settings["base_model"] or model_settings["spec"],
+                                  "adapter": adapter_dir, "cache_dir": cache_dir})
+
+
+def load_prm(model_settings: dict, prm_settings: dict, adapter_dir: str, cache_dir: str | None = None) -> PRMScorer:
+    """The trained PRM of ``adapter_dir`` as a scorer, from the config's ``model`` and ``prm`` sections."""
+    cfg = prm_model_config(model_settings, prm_settings, adapter_dir, cache_dir)
+    return PRMScorer(cfg, max_length=prm_settings["max_length"], token_budget=prm_settings["score_batch_tokens"])
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class Example:
+    """One branch point: the encoded pair, its soft label and its instance ``(game, experiment, game_id)``."""
+
+    input_ids: list[int]
+    truncated: bool
+    label: float
+    key: tuple[str, str, str]
+
+
+def instance_key(row: dict) -> tuple[str, str, str]:
+    return str(row["game"]), str(row["experiment"]), str(row["game_id"])
+
+
+def read_labels(path: str | Path) -> list[dict]:
+    """The soft-label rows; an unreadable file or a label outside [0, 1] is an error naming the file."""
+    rows = records.read_records(path, records.SOFT_LABELS)
+    for i, row in enumerate(rows):
+        label = row["label"]
+        if label is None or not 0.0 <= label <= 1.0:   # NaN fails both comparisons
+            raise records.RecordFileError(f"record file {path}, row {i} ({row['bp_id']}): label {label!r} is not "
+                                          f"in [0, 1]")
+    return rows
+
+
+def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int) -> list[Example]:
+    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], chat_template_kwargs, max_length),
+                    label=float(row["label"]), key=instance_key(row)) for row in rows]
+
+
+def _sample(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
+    return random.Random(seed).sample(examples, limit) if limit is not None and len(examples) > limit else examples
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+def _mean(values) -> float | None:
+    values = list(values)
+    return sum(values) / len(values) if values else None
+
+
+def pearson(x: list[float], y: list[float]) -> float | None:
+    """Pearson correlation; None when either side is constant (or there are fewer than two points)."""
+    if len(x) < 2 or min(x) == max(x) or min(y) == max(y):
+        return None
+    mx, my = _mean(x), _mean(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return _finite(sxy / math.sqrt(sxx * syy))
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    result = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:
+            result[i] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    return pearson(ranks(x), ranks(y))
+
+
+def auroc(predictions: list[float], labels: list[float]) -> float | None:
+    """AUROC of the predictions for ``label > 0.5`` (Mann-Whitney, ties count half); None when a class is missing."""
+    positive = [label > 0.5 for label in labels]
+    n_positive = sum(positive)
+    n_negative = len(labels) - n_positive
+    if not n_positive or not n_negative:
+        return None
+    rank_sum = sum(rank for rank, is_positive in zip(ranks(predictions), positive) if is_positive)
+    return (rank_sum - n_positive * (n_positive + 1) / 2) / (n_positive * n_negative)
+
+
+def calibration(predictions: list[float], labels: list[float], bins: int = CALIBRATION_BINS) -> list[dict]:
+    """Equal-width prediction bins over [0, 1]: count, mean prediction and mean label (null when empty)."""
+    members = collections.defaultdict(list)
+    for prediction, label in zip(predictions, labels):
+        members[min(bins - 1, int(prediction * bins))].append((prediction, label))
+    return [{"bin": [round(b / bins, 6), round((b + 1) / bins, 6)], "count": len(members[b]),
+             "mean_prediction": _mean(p for p, _ in members[b]), "mean_label": _mean(y for _, y in members[b])}
+            for b in range(bins)]
+
+
+def prediction_metrics(predictions: list[float], labels: list[float]) -> dict | None:
+    """BCE, MSE, correlations, AUROC and calibration of probabilities against soft labels; None without data."""
+    if not labels:
+        return None
+    clipped = [min(1 - EPSILON, max(EPSILON, p)) for p in predictions]
+    return {
+        "n": len(labels), "mean_label": _mean(labels), "mean_prediction": _mean(predictions),
+        "bce": _mean(-(y * math.log(p) + (1 - y) * math.log(1 - p)) for p, y in zip(clipped, labels)),
+        "mse": _mean((p - y) ** 2 for p, y in zip(predictions, labels)),
+        "pearson": pearson(predictions, labels), "spearman": spearman(predictions, labels),
+        "auroc": auroc(predictions, labels), "calibration": calibration(predictions, labels),
+    }
+
+
+def baseline_metrics(train: list[Example], sides: dict[str, list[Example]]) -> dict:
+    """The two candidate-blind baselines on every side: the train-side mean label, and the train-side mean label
+    of the example's game (the overall mean for a game the train side lacks)."""
+    overall = _mean(e.label for e in train)
+    by_game = collections.defaultdict(list)
+    for example in train:
+        by_game[example.key[0]].append(example.label)
+    game_means = {game: _mean(labels) for game, labels in sorted(by_game.items())}
+    predict = {"constant_mean": lambda e: overall, "game_mean": lambda e: game_means.get(e.key[0], overall)}
+    baselines = {}
+    for name, rule in predict.items():
+        baselines[name] = {side: prediction_metrics([rule(e) for e in examples], [e.label for e in examples])
+                           for side, examples in sides.items()}
+    baselines["constant_mean"]["value"] = overall
+    baselines["game_mean"]["values"] = game_means
+    return baselines
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def effective_grad_accum(batch_size: int, grad_accum: int, n_train: int) -> int:
+    """``grad_accum``, capped at the batches of one epoch so that every epoch makes at least one optimizer step."""
+    return max(1, min(grad_accum, math.ceil(n_train / batch_size)))
+
+
+def _lora_config(prm: dict):
+    from peft import LoraConfig
+
+    lora = prm["lora"]
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
+                      target_modules=lora["target_modules"], task_type="SEQ_CLS")
+
+
+def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
+                   has_validation: bool):
+    import torch
+    from transformers import TrainingArguments
+
+    per_epoch = {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
+                 "metric_for_best_model": "eval_loss", "greater_is_better": False, "save_total_limit": 1,
+                 "save_only_model": True} if has_validation else {"eval_strategy": "no", "save_strategy": "no"}
+    checkpointing = device == "cuda"
+    return TrainingArguments(
+        output_dir=output_dir, seed=seed, data_seed=seed,
+        learning_rate=prm["lr"], num_train_epochs=prm["epochs"], lr_scheduler_type=prm["scheduler"],
+        warmup_steps=prm["warmup_ratio"], weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=prm["batch_size"], per_device_eval_batch_size=prm["batch_size"],
+        gradient_accumulation_steps=grad_accum, optim=OPTIMIZER_AUTO[device],
+        bf16=device == "cuda" and dtype == torch.bfloat16, fp16=device == "cuda" and dtype == torch.float16,
+        activation_checkpointing=checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
+        train_sampling_strategy="group_by_length", label_names=["labels"], remove_unused_columns=False,
+        logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
+        dataloader_pin_memory=device == "cuda", **per_epoch)
+
+
+def _trainer_class():
+    import torch.nn.functional as F
+    from transformers import Trainer
+
+    class PRMTrainer(Trainer):
+        """A Trainer whose loss is BCE with logits of the one logit against the soft label (``mse``: squared
+        error of its sigmoid). The loss is a micro-batch mean: the Trainer divides it by the accumulation steps."""
+
+        loss_is_scaled_for_ga = False
+
+        def __init__(self, *args, loss: str = "bce", **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss = loss
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            logits = outputs.logits.squeeze(-1).float()
+            if self.loss == "mse":
+                loss = F.mse_loss(logits.sigmoid(), labels.float())
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.float())
+            return (loss, outputs) if return_outputs else loss
+
+    return PRMTrainer
+
+
+def _collator(pad_id: int):
+    import torch
+
+    def collate(batch: list[dict]) -> dict:
+        input_ids, attention_mask = pad_right([row["input_ids"] for row in batch], pad_id)
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "labels": torch.tensor([row["labels"] for row in batch], dtype=torch.float32)}
+
+    return collate
+
+
+def _as_dataset(examples: list[Example]):
+    from datasets import Dataset
+    return Dataset.from_dict({"input_ids": [e.input_ids for e in examples], "labels": [e.label for e in examples]})
+
+
+def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validation: list[Example], output_dir: str,
+           device: str, dtype) -> tuple[object, dict]:
+    """Train the PEFT model; return it (the best epoch's weights when there is a validation side) and the
+    training part of the metrics."""
+    from transformers import EarlyStoppingCallback, PrinterCallback
+
+    grad_accum = effective_grad_accum(prm["batch_size"], prm["grad_accum"], len(train))
+    if grad_accum < prm["grad_accum"]:
+        log.info("prm: %d train pairs make %d batches of %d: gradient accumulation capped at %d (of %d) so that "
+                 "every epoch makes an optimizer step", len(train), math.ceil(len(train) / prm["batch_size"]),
+                 prm["batch_size"], grad_accum, prm["grad_accum"])
+    args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation))
+    callbacks = [progress_callback("prm")]
+    if validation:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
+    trainer = _trainer_class()(
+        model=model, args=args, train_dataset=_as_dataset(train),
+        eval_dataset=_as_dataset(validation) if validation else None, data_collator=_collator(tokenizer.pad_token_id),
+        callbacks=callbacks, loss=prm["loss"])
+    trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
+    initial = trainer.evaluate() if validation else None
+    start = time.perf_counter()
+    result = trainer.train()
+    train_seconds = time.perf_counter() - start
+    state = trainer.state
+    history = [{k: v for k, v in row.items() if "token_accuracy" not in k}
+               for row in epoch_history(state.log_history, initial)]
+    evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
+    best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
+    return trainer.model, {
+        "status": "trained", "steps": state.global_step, "epochs_run": round(state.epoch or 0.0, 4),
+        "max_epochs": prm["epochs"], "stopped_early": bool(validation) and (state.epoch or 0) < prm["epochs"] - 1e-6,
+        "best_epoch": best.get("epoch"), "batch_size": prm["batch_size"], "grad_accum": grad_accum,
+        "effective_batch": prm["batch_size"] * grad_accum, "optimizer": OPTIMIZER_AUTO[device], "bf16": args.bf16,
+        "gradient_checkpointing": args.gradient_checkpointing, "train_loss": _finite(result.training_loss),
+        "final_train_loss": history[-1].get("train_loss") if history else None, "eval_loss": best.get("eval_loss"),
+        "initial_eval_loss": _finite(initial["eval_loss"]) if initial else None, "history": history,
+        "train_seconds": round(train_seconds, 2)}
+
+
+def _evaluate(scorer: PRMScorer, train: list[Example], validation: list[Example]) -> dict:
+    """Prediction metrics of the trained PRM and of the baselines, per side (validation: None when empty)."""
+    sides = {"train": train, "validation": validation}
+    evaluation = {}
+    for side, examples in sides.items():
+        predictions = scorer.score_ids([e.input_ids for e in examples]) if examples else []
+        evaluation[side] = prediction_metrics(predictions, [e.label for e in examples])
+    return {"evaluation": evaluation, "baselines": baseline_metrics(train, sides)}
+
+
+def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
+              cache_dir: str | None = None) -> dict:
+    """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
+    metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm."""
+    import transformers
+    from peft import get_peft_model
+
+    import datasets
+    datasets.disable_progress_bars()   # the rule log gets LogProgress lines instead
+
+    start = time.perf_counter()
+    prm, seed = settings["prm"], int(settings["seed"])
+    if prm["loss"] not in LOSSES:
+        raise ValueError(f"prm.loss must be one of {', '.join(LOSSES)}, got {prm['loss']!r}")
+    rows = read_labels(labels_path)
+    cfg = prm_model_config(settings["model"], prm, cache_dir=cache_dir)
+    device = device_name()
+    transformers.set_seed(seed)   # the new score head and the LoRA weights are initialised from it
+    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
+    if device == "cpu":
+        keep_4bit_differentiable(model)
+    model = get_peft_model(model, _lora_config(prm))
+
+    examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"])
+    validation_keys = split_instances([e.key for e in examples], prm["validation_fraction"], seed)
+    train = _sample([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
+    validation = _sample([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
+    log.info("prm data: %d branch points from %s (%d truncated to %d tokens); train %d pairs on %d instances, "
+             "validation %d pairs on %d instances", len(examples), labels_path, sum(e.truncated for e in examples),
+             prm["max_length"], len(train), len({e.key for e in train}), len(validation), len(validation_keys))
+    metrics = {
+        "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
+                  "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
+                  "eos_token": tokenizer.eos_token},
+        "loss": prm["loss"],
+        "examples": {
+            "rows": len(rows), "train": len(train), "validation": len(validation),
+            "train_available": sum(e.key not in validation_keys for e in examples),
+            "train_instances": len({e.key for e in train}), "validation_instances": len(validation_keys),
+            "validation_instance_keys": ["/".join(key) for key in sorted(validation_keys)],
+            "train_by_game": dict(sorted(collections.Counter(e.key[0] for e in train).items())),
+            "truncated": sum(e.truncated for e in examples)},
+        "tokens": {"train": sum(len(e.input_ids) for e in train),
+                   "validation": sum(len(e.input_ids) for e in validation),
+                   "max_sequence": max((len(e.input_ids) for e in examples), default=0)},
+    }
+
+    adapter_dir, tmp_root = Path(adapter_dir), None
+    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
+        if train:
+            model, training = _train(model, tokenizer, prm, seed, train, validation, str(tmp_root / "checkpoints"),
+                                     device, resolve_dtype(cfg, device))
+            metrics.update(training)
+            scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
+                               tokenizer=tokenizer, model=model)
+            metrics.update(_evaluate(scorer, train, validation))
+        else:
+            # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
+            # stages run; the metrics say so
+            log.warning("prm: no training examples; writing an untrained adapter")
+            metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
+                           eval_loss=None, history=[], evaluation={"train": None, "validation": None},
+                           baselines=None)
+        out = tmp_root / "adapter"
+        model.save_pretrained(str(out))
+        _name_base(out / "adapter_config.json", cfg.spec)
+        _move_into_place(out, adapter_dir)
+    finally:
+        if tmp_root is not None:
+            shutil.rmtree(tmp_root, ignore_errors=True)
+
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    metrics["peak_memory_mb"] = peak_memory_mb()
+    metrics.update(provenance(settings))   # config + versions
+    _write_json(metrics_path, metrics)
+    validation_metrics = (metrics["evaluation"] or {}).get("validation") or {}
+    log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, validation AUROC %s, Pearson %s; "
+             "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
+             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), validation_metrics.get("auroc"),
+             validation_metrics.get("pearson"), adapter_dir)
+    return metrics

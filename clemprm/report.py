@@ -1,0 +1,188 @@
+"""The figures of the Snakemake report (``snakemake --report report.html``): the ``eval_report_figures`` stage.
+
+* eval scores: % played, quality and clemscore per mode, per game and overall, with the bootstrap CIs of
+  ``results/prm_eval.json`` (% played and quality side by side: clemscore alone hides which one moved);
+* soft labels: the histogram of the branch points' labels per game (``results/labels/soft_labels.parquet``);
+* PRM calibration: mean label against mean prediction per prediction bin, on the held-out branch points
+  (``results/prm/metrics.json``);
+* training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``).
+
+Inputs are read defensively: a figure whose data is missing says so instead of failing the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MODE_ORDER = ("greedy_base", "greedy_sft", "best_of_n", "beam_search")   # bars from plain play to search
+SCORE_PANELS = (("percent_played", "% played"), ("quality", "quality (mean BENCH_SCORE of played)"),
+                ("clemscore", "clemscore"))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")   # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _read_json(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        log.warning("report: cannot read %s: %s", path, error)
+        return {}
+
+
+def _no_data(ax, text: str = "no data") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _save(plt, fig, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def plot_eval_scores(summary: dict, path: str | Path) -> None:
+    """Grouped bars: one panel per metric, groups = games + overall, one bar per mode, 95% CI whiskers."""
+    plt = _pyplot()
+    entries = summary.get("modes") or {}
+    modes = {mode: entries[mode].get("results") or {}
+             for mode in sorted(entries, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER))}
+    groups = sorted({group for results in modes.values() for group in results} - {"overall"}) + ["overall"]
+    fig, axes = plt.subplots(len(SCORE_PANELS), 1, figsize=(max(6, 2 + 0.45 * len(groups) * max(1, len(modes))), 9))
+    for ax, (metric, title) in zip(axes, SCORE_PANELS):
+        if not modes:
+            _no_data(ax)
+            continue
+        width = 0.8 / len(modes)
+        for m, (mode, results) in enumerate(modes.items()):
+            estimates = [results.get(group, {}).get(metric) or {} for group in groups]
+            values = [_number(e.get("value")) for e in estimates]
+            errors = [[max(0.0, v - _number(e.get("ci_low"))) for v, e in zip(values, estimates)],
+                      [max(0.0, _number(e.get("ci_high")) - v) for v, e in zip(values, estimates)]]
+            positions = [g + (m - (len(modes) - 1) / 2) * width for g in range(len(groups))]
+            ax.bar(positions, values, width, yerr=errors, capsize=3, label=mode)
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_ylabel(title)
+        ax.set_ylim(0, 105)
+    if modes:
+        axes[0].legend(fontsize="small", ncol=len(modes))
+    axes[0].set_title(f"{summary.get('split', '?')} split: bars = point estimate, whiskers = "
+                      f"{round(100 * (summary.get('bootstrap') or {}).get('ci', 0.95))}% bootstrap CI over instances")
+    _save(plt, fig, path)
+
+
+def read_soft_labels(path: str | Path) -> dict[str, list[float]]:
+    """Labels per game, or {} when the file cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["game", "label"]).to_pydict()
+    except Exception as error:  # a missing or foreign file: the figure says "no data"
+        log.warning("report: cannot read soft labels %s: %s", path, error)
+        return {}
+    labels: dict[str, list[float]] = {}
+    for game, label in zip(table["game"], table["label"]):
+        if label is not None and not math.isnan(label):
+            labels.setdefault(game, []).append(label)
+    return dict(sorted(labels.items()))
+
+
+def plot_soft_labels(labels: dict[str, list[float]], path: str | Path) -> None:
+    """One histogram of the soft labels per game (10 bins over [0, 1])."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, max(1, len(labels)), figsize=(4 * max(1, len(labels)), 3.2), squeeze=False)
+    if not labels:
+        _no_data(axes[0][0], "no soft labels")
+    for ax, (game, values) in zip(axes[0], labels.items()):
+        ax.hist(values, bins=[i / 10 for i in range(11)], edgecolor="black")
+        ax.set_title(f"{game} (n={len(values)})")
+        ax.set_xlabel("soft label (mean continuation score / 100)")
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    axes[0][0].set_ylabel("branch points")
+    _save(plt, fig, path)
+
+
+def calibration_bins(prm_metrics: dict) -> tuple[str, list[dict]]:
+    """(which side, bins) of the PRM calibration table: a top-level "calibration", else the held-out side's,
+    else the train side's; ("", []) when there is none."""
+    if isinstance(prm_metrics.get("calibration"), list):
+        return "", prm_metrics["calibration"]
+    evaluation = prm_metrics.get("evaluation") or {}
+    for side in ("validation", "train"):
+        bins = (evaluation.get(side) or {}).get("calibration")
+        if isinstance(bins, list):
+            return side, bins
+    return "", []
+
+
+def plot_calibration(side: str, bins: list[dict], path: str | Path) -> None:
+    """Reliability diagram: mean label against mean prediction per bin, point area by count; the diagonal is a
+    perfectly calibrated PRM."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    points = [(_number(b.get("mean_prediction")), _number(b.get("mean_label")), _number(b.get("count")))
+              for b in bins if isinstance(b, dict)]
+    points = [p for p in points if not any(math.isnan(v) for v in p) and p[2] > 0]
+    if not points:
+        _no_data(ax, "no calibration data")
+    else:
+        ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+        ax.plot([p[0] for p in points], [p[1] for p in points], color="C0")
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=[20 + 200 * p[2] / max(q[2] for q in points)
+                                                                      for p in points], color="C0", zorder=3)
+        for x, y, count in points:
+            ax.annotate(str(int(count)), (x, y), textcoords="offset points", xytext=(5, -10), fontsize="small")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="mean PRM prediction", ylabel="mean soft label")
+        ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(f"PRM calibration ({side or 'as reported'} branch points)")
+    _save(plt, fig, path)
+
+
+def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> None:
+    """Per adapter: train loss (mean over the epoch's steps) and eval loss (at the epoch's end; epoch 0 = before
+    training) against epoch."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(histories), figsize=(4.5 * len(histories), 3.5), squeeze=False)
+    for ax, (name, history) in zip(axes[0], histories.items()):
+        rows = [row for row in history if isinstance(row, dict) and row.get("epoch") is not None]
+        curves = {key: [(row["epoch"], row[key]) for row in rows if isinstance(row.get(key), (int, float))]
+                  for key in ("train_loss", "eval_loss")}
+        if not any(curves.values()):
+            _no_data(ax, f"{name}: no training history")
+            continue
+        for key, points in curves.items():
+            if points:
+                ax.plot(*zip(*points), marker="o", label=key.replace("_", " "))
+        ax.set(title=name, xlabel="epoch", ylabel="loss")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize="small")
+    _save(plt, fig, path)
+
+
+def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: str, sft_metrics_path: str,
+                   outputs: dict[str, str]) -> None:
+    """Write the four figures; ``outputs`` maps scores, soft_labels, calibration, training to PNG paths."""
+    prm_metrics = _read_json(prm_metrics_path)
+    plot_eval_scores(_read_json(summary_path), outputs["scores"])
+    plot_soft_labels(read_soft_labels(soft_labels_path), outputs["soft_labels"])
+    plot_calibration(*calibration_bins(prm_metrics), outputs["calibration"])
+    plot_training_curves({"SFT adapter": _read_json(sft_metrics_path).get("history") or [],
+                          "PRM adapter": prm_metrics.get("history") or []}, outputs["training"])
+    log.info("report figures: %s", ", ".join(outputs.values()))

@@ -1,0 +1,54 @@
+"""PRM-guided test-time search over forkable games (Hugging Face search-and-learn, for multi-turn dialogue games).
+
+One short module per strategy; greedy play is the engine's plain :meth:`~clemprm.engine.RolloutEngine.run`.
+
+* :func:`clemprm.search.best_of_n.best_of_n`: at every policy turn N sampled answers; the one the PRM scores
+  highest is played.
+* :func:`clemprm.search.beam_search.beam_search`: beams are forked games; every beam's N continuations are
+  ranked by the PRM and the best ``beam_width`` survive.
+
+A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer)``
+(:class:`clemprm.prm.PRMScorer`, or a scripted scorer in tests). Every search step makes one ``propose`` call
+(one ``generate`` call per model) and one ``score`` call for all games together. This package holds what the
+strategies share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class SearchCost:
+    """What a search spent on one episode."""
+
+    policy_tokens: int = 0   # tokens the policy generated, candidates that were never played included
+    prm_pairs: int = 0       # (perspective, candidate) pairs the PRM scored
+    nodes: int = 0           # candidate answers generated: the nodes of the search tree
+
+    def add(self, candidates: list, scores: list[float]) -> None:
+        self.policy_tokens += sum(candidate.new_tokens for candidate in candidates)
+        self.prm_pairs += sum(score > -math.inf for score in scores)
+        self.nodes += len(candidates)
+
+
+def greedy_cost(episode) -> SearchCost:
+    """Plain play: one candidate per turn, no PRM."""
+    return SearchCost(policy_tokens=sum(turn["new_tokens"] for turn in episode.turns), nodes=len(episode.turns))
+
+
+def score_candidates(engine, prm, episodes: list, proposals: list[list]) -> list[list[float]]:
+    """The PRM's score of every candidate of every episode, in one ``score`` call, each on the perspective of the
+    player the episode waits for. A failed generation is not scored (-inf): it wins only when every one failed."""
+    pairs, slots = [], []
+    for index, (episode, candidates) in enumerate(zip(episodes, proposals)):
+        for j, candidate in enumerate(candidates):
+            if candidate.error is None:
+                pairs.append((engine.waiting(episode)[1], candidate.text))
+                slots.append((index, j))
+    scores = [[-math.inf] * len(candidates) for candidates in proposals]
+    for (index, j), score in zip(slots, prm.score(pairs) if pairs else []):
+        scores[index][j] = float(score)
+    return scores
+

@@ -1,0 +1,93 @@
+"""Beam search over forked games, ranked by the PRM (search-and-learn's beam search, one game turn per iteration).
+
+Each iteration every live beam (a forked game) proposes N answers at its next turn; each distinct answer is
+played into a fork of the beam (a child), every child is scored by the PRM on (the beam's perspective, the
+answer), and per game the ``beam_width`` best live children by aggregated score go on. Children whose game ended
+are set aside as finished beams. In the built-in games every LLM turn is a policy turn (self-play), so one
+iteration is one turn. The search stops when no beam is live or after ``iterations``; the answer is the finished
+beam with the best aggregated score, or, when none finished, the best live beam, recorded as unfinished
+(aborted): an unfinished game never wins over a finished one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from clemprm.engine import Episode, Progress, RolloutEngine, Sampling, derive_seed
+from clemprm.search import SearchCost, score_candidates
+
+AGGREGATIONS = ("last", "min", "prod")
+
+
+@dataclass
+class Beam:
+    episode: Episode
+    step_scores: list[float] = field(default_factory=list)   # the PRM score of each answer the search chose
+
+    def score(self, aggregation: str) -> float:
+        """The beam's PRM score: of its last step (search-and-learn's "last"), its worst step, or their product.
+        A step that was not scored (a failed generation) makes the beam the worst."""
+        if not self.step_scores or -math.inf in self.step_scores:
+            return -math.inf
+        if aggregation == "last":
+            return self.step_scores[-1]
+        return min(self.step_scores) if aggregation == "min" else math.prod(self.step_scores)
+
+
+def distinct(candidates: list) -> list:
+    """The first candidate of every distinct answer text: identical answers give identical games."""
+    seen = set()
+    return [c for c in candidates if not (c.text in seen or seen.add(c.text))]
+
+
+def expand(engine: RolloutEngine, beam: Beam, candidates: list, scores: list[float]) -> list[Beam]:
+    """The children of ``beam``: a fork per candidate, with that answer played. Each child gets its own seed, so
+    beams that share a turn number do not share random streams."""
+    children = []
+    for j, (candidate, score) in enumerate(zip(candidates, scores)):
+        child = beam.episode.fork(seed=derive_seed(beam.episode.seed, "beam", len(beam.episode.turns), j))
+        engine.apply(child, candidate)
+        children.append(Beam(child, beam.step_scores + [score]))
+    return children
+
+
+def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, beam_width: int, iterations: int,
+                sampling: Sampling, aggregation: str = "last",
+                label: str = "beam_search") -> tuple[list[Episode], list[SearchCost]]:
+    """Search every root game; return the chosen trajectory per root (under the root's id and seed) and its cost.
+
+    Each iteration: one ``propose`` call for all live beams of all games and one PRM call for all their
+    distinct candidates.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown beam score aggregation {aggregation!r} (known: {', '.join(AGGREGATIONS)})")
+    costs = [SearchCost() for _ in roots]
+    live = [[] if root.done else [Beam(root)] for root in roots]
+    finished = [[Beam(root)] if root.done else [] for root in roots]
+    progress = Progress(len(roots), label)
+    for _ in range(iterations):
+        parents = [(r, beam) for r, beams in enumerate(live) for beam in beams]
+        if not parents:
+            break
+        proposals = engine.propose([beam.episode for _, beam in parents], n, sampling)
+        unique = [distinct(candidates) for candidates in proposals]   # the PRM scores each distinct child once
+        scores = score_candidates(engine, prm, [beam.episode for _, beam in parents], unique)
+        children: list[list[Beam]] = [[] for _ in roots]
+        for (r, parent), candidates, unique_candidates, unique_scores in zip(parents, proposals, unique, scores):
+            costs[r].add(candidates, unique_scores)
+            # a parent whose generation call failed has no candidates and is finished (failed)
+            children[r] += expand(engine, parent, unique_candidates, unique_scores) if candidates else [parent]
+        for r, beams in enumerate(children):
+            finished[r] += [beam for beam in beams if beam.episode.done]
+            ranked = sorted((beam for beam in beams if not beam.episode.done), key=lambda b: -b.score(aggregation))
+            live[r] = ranked[:beam_width]
+        progress.update(sum(not beams for beams in live), sum(map(len, unique)),
+                        sum(candidate.new_tokens for candidates in proposals for candidate in candidates),
+                        force=not any(live))
+    chosen = []
+    for root, done, beams in zip(roots, finished, live):
+        best = max(done or beams, key=lambda b: b.score(aggregation)).episode
+        best.seed = root.seed
+        chosen.append(best)
+    return chosen, costs

@@ -1,0 +1,32 @@
+"""Best-of-N: at every policy turn, N sampled answers; the one the PRM scores highest is played."""
+
+from __future__ import annotations
+
+from clemprm.engine import Episode, Progress, RolloutEngine, Sampling
+from clemprm.search import SearchCost, score_candidates
+
+
+def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampling: Sampling,
+              label: str = "best_of_n") -> list[SearchCost]:
+    """Play ``episodes`` to the end, each turn choosing among ``n`` candidates by PRM score; return each one's cost.
+
+    Each step: one ``propose`` call for all waiting episodes of all games and one PRM call for all their
+    candidates. Ties go to the first candidate, which is the answer plain sampling would have played.
+    """
+    costs = [SearchCost() for _ in episodes]
+    progress = Progress(len(episodes), label)
+    live = [index for index, episode in enumerate(episodes) if not episode.done]
+    while live:
+        waiting = [episodes[index] for index in live]
+        proposals = engine.propose(waiting, n, sampling)
+        scores = score_candidates(engine, prm, waiting, proposals)
+        turns = tokens = 0
+        for index, episode, candidates, candidate_scores in zip(live, waiting, proposals, scores):
+            costs[index].add(candidates, candidate_scores)
+            tokens += sum(candidate.new_tokens for candidate in candidates)
+            if candidates:
+                turns += 1
+                engine.apply(episode, candidates[max(range(len(candidates)), key=candidate_scores.__getitem__)])
+        live = [index for index in live if not episodes[index].done]
+        progress.update(len(episodes) - len(live), turns, tokens, force=not live)
+    return costs

@@ -1,0 +1,120 @@
+# Stage 7: evaluation on eval.split, one rule per mode (greedy base and SFT policies, PRM-guided best-of-N and beam
+# search), the summary with bootstrap CIs (results/prm_eval.json), and the figures of `snakemake --report`.
+
+
+rule greedy_base:
+    input:
+        # a playpen-data instance list is an input file when set (its content then triggers reruns)
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+    output:
+        "results/eval/greedy_base.parquet",
+    params:
+        settings=sections(config, "seed", "model", "games", "eval"),
+    log:
+        "results/logs/greedy_base.log",
+    benchmark:
+        "results/benchmarks/greedy_base.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+rule greedy_sft:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+    output:
+        "results/eval/greedy_sft.parquet",
+    params:
+        settings=sections(config, "seed", "model", "games", "eval"),
+    log:
+        "results/logs/greedy_sft.log",
+    benchmark:
+        "results/benchmarks/greedy_sft.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+rule best_of_n:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+        prm_adapter="results/prm/adapter",
+    output:
+        "results/eval/best_of_n.parquet",
+    params:
+        settings=sections(config, "seed", "model", "games", "eval", "prm"),
+    log:
+        "results/logs/best_of_n.log",
+    benchmark:
+        "results/benchmarks/best_of_n.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+rule beam_search:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+        prm_adapter="results/prm/adapter",
+    output:
+        "results/eval/beam_search.parquet",
+    params:
+        settings=sections(config, "seed", "model", "games", "eval", "prm"),
+    log:
+        "results/logs/beam_search.log",
+    benchmark:
+        "results/benchmarks/beam_search.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+rule eval_summary:
+    input:
+        expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
+    output:
+        report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
+    params:
+        settings=sections(config, "seed", "model", "games", "eval"),
+    log:
+        "results/logs/eval_summary.log",
+    benchmark:
+        "results/benchmarks/eval_summary.tsv"
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_summary.py"
+
+
+rule eval_report_figures:
+    input:
+        summary="results/prm_eval.json",
+        soft_labels="results/labels/soft_labels.parquet",
+        prm_metrics="results/prm/metrics.json",
+        sft_metrics="results/sft/metrics.json",
+    output:
+        scores=report("results/report/eval_scores.png", caption="../report/eval_scores.rst", category="Evaluation"),
+        soft_labels=report("results/report/soft_labels.png", caption="../report/soft_labels.rst", category="PRM"),
+        calibration=report("results/report/prm_calibration.png", caption="../report/prm_calibration.rst",
+                           category="PRM"),
+        training=report("results/report/training_curves.png", caption="../report/training_curves.rst",
+                        category="Training"),
+    log:
+        "results/logs/eval_report_figures.log",
+    benchmark:
+        "results/benchmarks/eval_report_figures.tsv"
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_report_figures.py"

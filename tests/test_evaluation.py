@@ -1,0 +1,207 @@
+"""The eval stage on real built-in games (scripted policies, a scripted PRM): per-mode parquet, the bootstrap
+summary in prm_eval.json and its schema, and the report figures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from clemprm import evaluation, records, report
+from clemprm.config import sections
+from tests.conftest import binary_search_answer, tiny_config
+from tests.test_search import JUNK, ScriptedPRM
+
+SETTINGS = sections(tiny_config(games={"max_instances": {"validation": 4}},
+                                eval={"bootstrap_samples": 200, "n": 3, "num_beam_iterations": 8}),
+                    "seed", "model", "games", "eval")
+
+
+def mixed_answer(messages, seed=0):
+    """Sometimes perfect, sometimes rule-breaking, sometimes valid but wrong: every outcome occurs."""
+    first = messages[0]["content"]
+    if "GUESS" in first:
+        return [binary_search_answer(messages), JUNK, "GUESS: 1"][seed % 3]
+    return "DESCRIPTION: something you can hold" if "DESCRIPTION" in first else ["ANSWER: apple", JUNK][seed % 2]
+
+
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory, scripted_policy):
+    """Every mode evaluated once (same scripted policy for base and SFT), then the summary."""
+    from clemprm.models import Generation
+
+    class SeededPolicy(scripted_policy):
+        def generate(self, perspectives, seeds=None, **kwargs):
+            self.calls.append(len(perspectives))
+            texts = [mixed_answer(messages, seed) for messages, seed in zip(perspectives, seeds)]
+            return [Generation(text=t, raw_text=t, prompt_tokens=1, new_tokens=len(t.split())) for t in texts]
+
+    folder = tmp_path_factory.mktemp("eval")
+    prm = ScriptedPRM(lambda messages, candidate: 0.1 if candidate == JUNK else 0.5 + 0.4 * ("GUESS: 1" != candidate))
+    paths, policies = {}, {}
+    for mode in evaluation.MODES:
+        paths[mode] = str(folder / f"{mode}.parquet")
+        policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
+        evaluation.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
+    summary = evaluation.summarize_eval(SETTINGS, list(paths.values()), str(folder / "prm_eval.json"))
+    return paths, summary, folder / "prm_eval.json", policies
+
+
+def test_each_mode_writes_eval_episodes_with_costs(eval_run):
+    paths, _, _, policies = eval_run
+    rows = {mode: records.read_records(path, records.EVAL_EPISODES) for mode, path in paths.items()}
+    keys = {mode: [(r["game"], r["experiment"], r["game_id"], r["seed"]) for r in mode_rows]
+            for mode, mode_rows in rows.items()}
+    assert len({tuple(k) for k in keys.values()}) == 1 and len(keys["greedy_base"]) == 3 * 4   # same episodes
+    assert {r["game"] for r in rows["greedy_base"]} == {"guessnumber", "wordref", "oddoneout"}
+    for mode, mode_rows in rows.items():
+        assert {r["mode"] for r in mode_rows} == {mode} and {r["split"] for r in mode_rows} == {"validation"}
+        assert all(r["policy_tokens"] >= sum(t["new_tokens"] for t in r["turns"]) for r in mode_rows)
+        run = records.read_provenance(paths[mode])["run"]
+        assert run["mode"] == mode and run["policy"]["name"] == policies[mode].name and run["wall_seconds"] >= 0
+    for r in rows["greedy_sft"]:
+        assert r["prm_pairs"] == 0 and r["search_nodes"] == r["n_turns"] and r["temperature"] == 0
+    for r in rows["best_of_n"]:
+        assert r["search_nodes"] == 3 * r["n_turns"] and 0 < r["prm_pairs"] <= r["search_nodes"]
+    assert all(r["search_nodes"] >= r["n_turns"] for r in rows["beam_search"])
+    # the PRM steers away from rule-breaking answers
+    aborted = {mode: sum(r["aborted"] for r in mode_rows) for mode, mode_rows in rows.items()}
+    assert aborted["best_of_n"] < aborted["greedy_sft"] and aborted["beam_search"] < aborted["greedy_sft"]
+
+
+def recompute(rows: list[dict]) -> dict:
+    """% played, quality, clemscore, success rate per game and overall (macro), straight from the rows."""
+    games = {}
+    for game in sorted({r["game"] for r in rows}):
+        game_rows = [r for r in rows if r["game"] == game]
+        played = [r for r in game_rows if not r["aborted"]]
+        quality = sum(r["bench_score"] for r in played) / len(played) if played else math.nan
+        percent = 100 * len(played) / len(game_rows)
+        games[game] = {"percent_played": percent, "quality": quality,
+                       "clemscore": 0.0 if math.isnan(quality) else percent / 100 * quality,
+                       "success_rate": 100 * sum(r["success"] for r in game_rows) / len(game_rows)}
+    qualities = [g["quality"] for g in games.values() if not math.isnan(g["quality"])]
+    percent = sum(g["percent_played"] for g in games.values()) / len(games)
+    quality = sum(qualities) / len(qualities) if qualities else math.nan
+    games["overall"] = {"percent_played": percent, "quality": quality,
+                        "clemscore": 0.0 if math.isnan(quality) else percent / 100 * quality,
+                        "success_rate": sum(g["success_rate"] for g in games.values()) / len(games)}
+    return games
+
+
+def test_summary_numbers_match_the_episode_files(eval_run):
+    paths, summary, _, _ = eval_run
+    for mode, path in paths.items():
+        rows = records.read_records(path, records.EVAL_EPISODES)
+        results = summary["modes"][mode]["results"]
+        for group, expected in recompute(rows).items():
+            for metric, value in expected.items():
+                got = results[group][metric]["value"]
+                assert (got is None and math.isnan(value)) or got == pytest.approx(value), (mode, group, metric)
+        assert results["overall"]["episodes"] == len(rows)
+        assert summary["modes"][mode]["cost"]["policy_tokens"] == sum(r["policy_tokens"] for r in rows)
+        assert summary["modes"][mode]["cost"]["prm_pairs"] == sum(r["prm_pairs"] for r in rows)
+    best, sft = summary["modes"]["best_of_n"]["results"], summary["modes"]["greedy_sft"]["results"]
+    diff = summary["differences"]["greedy_sft"]["best_of_n"]["overall"]
+    assert diff["percent_played"]["value"] == pytest.approx(
+        best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
+    assert set(summary["differences"]) == {"greedy_sft", "greedy_base"}
+    assert set(summary["differences"]["greedy_base"]) == {"greedy_sft", "best_of_n", "beam_search"}
+
+
+def estimates_of(node):
+    if isinstance(node, dict):
+        if set(node) == {"value", "ci_low", "ci_high"}:
+            yield node
+        for value in node.values():
+            yield from estimates_of(value)
+
+
+def test_bootstrap_intervals_are_seeded_and_contain_the_point_estimate(eval_run, tmp_path):
+    paths, summary, _, _ = eval_run
+    again = evaluation.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "again.json"))
+    assert again["modes"] == summary["modes"] and again["differences"] == summary["differences"]
+    other_seed = evaluation.summarize_eval({**SETTINGS, "seed": SETTINGS["seed"] + 1}, list(paths.values()),
+                                           str(tmp_path / "other.json"))
+    assert other_seed["modes"] != summary["modes"]
+    intervals = [e for e in estimates_of(summary) if e["value"] is not None]
+    assert len(intervals) > 50
+    for e in intervals:
+        assert e["ci_low"] - 1e-9 <= e["value"] <= e["ci_high"] + 1e-9, e
+    assert any(e["ci_low"] < e["ci_high"] for e in intervals)
+
+
+def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run):
+    _, summary, _, _ = eval_run
+    diff = summary["differences"]["greedy_sft"]["greedy_base"]   # the same scripted policy plays both
+    for group in diff.values():
+        for metric in evaluation.METRICS:
+            assert group[metric]["value"] in (0.0, None)
+            assert group[metric]["ci_low"] == group[metric]["ci_high"] == group[metric]["value"]
+    single = summary["modes"]["greedy_sft"]["results"]["overall"]["percent_played"]
+    assert single["ci_low"] < single["ci_high"]   # unpaired, the same data has a wide interval
+
+
+def test_prm_eval_json_validates_against_its_schema(eval_run):
+    _, summary, path, _ = eval_run
+    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    written = json.loads(path.read_text())
+    jsonschema.validate(written, schema)
+    assert written["config"]["eval"]["split"] == "validation" and "clemcore" in written["versions"]
+    assert written["bootstrap"]["unit"].startswith("instance")
+    broken = {**written, "modes": {"greedy_sft": {**written["modes"]["greedy_sft"], "cost": {}}}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_path):
+    _, _, summary_path, _ = eval_run
+    labels = tmp_path / "soft_labels.parquet"
+    pq.write_table(pa.table({"game": ["guessnumber"] * 5 + ["wordref"] * 3,
+                             "label": [0.0, 0.25, 0.5, 1.0, 1.0, 0.0, 0.0, 1.0]}), labels)
+    prm_metrics = tmp_path / "prm.json"
+    prm_metrics.write_text(json.dumps({
+        "history": [{"epoch": 0, "eval_loss": 0.7}, {"epoch": 1, "train_loss": 0.69, "eval_loss": 0.65}],
+        "evaluation": {"validation": {"calibration": [
+            {"bin": [0, 0.1], "count": 0, "mean_prediction": None, "mean_label": None},
+            {"bin": [0.4, 0.5], "count": 4, "mean_prediction": 0.45, "mean_label": 0.3}]}}}))
+    outputs = {name: str(tmp_path / "figures" / f"{name}.png")
+               for name in ("scores", "soft_labels", "calibration", "training")}
+    report.report_figures(str(summary_path), str(labels), str(prm_metrics), str(tmp_path / "missing.json"), outputs)
+    for path in outputs.values():
+        with open(path, "rb") as file:
+            assert file.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert report.calibration_bins(json.loads(prm_metrics.read_text()))[0] == "validation"
+    empty = {name: str(tmp_path / "empty" / f"{name}.png") for name in outputs}
+    report.report_figures(*(str(tmp_path / "missing") for _ in range(4)), empty)
+    assert all((tmp_path / "empty" / f"{name}.png").stat().st_size > 0 for name in outputs)
+
+
+def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
+    """The tiny model through the stage's own loader (greedy_base), then as the best-of-N policy."""
+    settings = sections(tiny_config(games={"max_instances": {"validation": 1}}, eval={"max_new_tokens": 6, "n": 2}),
+                        "seed", "model", "games", "eval")
+    greedy = evaluation.evaluate_mode("greedy_base", settings, str(tmp_path / "greedy_base.parquet"),
+                                      test_cache_dir)
+    run = records.read_provenance(tmp_path / "greedy_base.parquet")["run"]
+    assert run["policy"]["spec"] == "tiny:0" and run["policy"]["stats"]["new_tokens"] > 0
+    assert [r["policy_tokens"] for r in greedy] == [sum(t["new_tokens"] for t in r["turns"]) for r in greedy]
+    with pytest.raises(ValueError, match="SFT adapter"):
+        evaluation.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"), test_cache_dir)
+
+    from clemprm.stages import load_policy
+    prm = ScriptedPRM(lambda messages, candidate: len(candidate))   # prefers the longer answer
+    rows = evaluation.evaluate_mode("best_of_n", settings, str(tmp_path / "best_of_n.parquet"),
+                                    policy=load_policy(settings["model"], test_cache_dir), prm=prm)
+    assert len(rows) == len(greedy) and all(r["search_nodes"] == 2 * r["n_turns"] for r in rows)
+    scored = {}
+    for pairs in prm.calls:
+        for messages, candidate in pairs:
+            scored.setdefault(str(messages), []).append(candidate)
+    for row in rows:
+        for turn in row["turns"]:
+            assert len(turn["response"]) == max(map(len, scored[str(turn["messages"])]))

@@ -1,0 +1,202 @@
+"""Branch points and K-rollout soft labels on the real built-in games: forced outcomes, caps, shards, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from clemprm import labels, records
+from clemprm.catalog import GameCatalog
+from tests.conftest import tiny_config
+
+LABEL_SETTINGS = {"k": 3, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 8, "max_rollout_rounds": 10,
+                  "aborted_value": 0.25, "shards": 1, "checkpoint_every": 4}
+
+
+def settings_for(config: dict, **label_overrides) -> dict:
+    return {"seed": config["seed"], "model": config["model"], "games": config["games"],
+            "branch_points": config["branch_points"], "labels": {**LABEL_SETTINGS, **label_overrides}}
+
+
+def same_rows(a: list[dict], b: list[dict]) -> bool:
+    """Row lists equal, NaN included (an aborted trajectory's bench score is NaN, which != itself)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def oddoneout_oracle(catalog: GameCatalog):
+    """Answers oddoneout right at once: the odd word looked up from the instances by the words in the prompt."""
+    odd = {tuple(i.instance["words"]): i.instance["odd_word"] for i in catalog.instances("oddoneout", "train")}
+
+    def answer(messages):
+        words = re.search(r"The words are: (.*?)\. ", messages[0]["content"]).group(1).split(", ")
+        return f"ANSWER: {odd[tuple(words)]}"
+    return answer
+
+
+def invalid_then(answer):
+    """Breaks the rules on a game's first answer (a violation, reprompted), then plays ``answer``."""
+    return lambda messages: "I am not sure." if len(messages) == 1 else answer(messages)
+
+
+@pytest.fixture
+def oddoneout(scripted_policy, tmp_path):
+    config = tiny_config(games={"builtin": ["oddoneout"]}, branch_points={"max_per_episode": 4})
+    catalog = GameCatalog(config["games"])
+    oracle = oddoneout_oracle(catalog)
+    settings = settings_for(config)
+    bp_path = tmp_path / "bp.parquet"
+    rows = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                policy=scripted_policy(invalid_then(oracle)))
+    return settings, bp_path, rows, oracle
+
+
+def test_evenly_spaced_keeps_ends():
+    assert labels.evenly_spaced(3, 4) == [0, 1, 2]
+    assert labels.evenly_spaced(10, 4) == [0, 3, 6, 9]
+    assert labels.evenly_spaced(10, 1) == [9]
+
+
+def test_branch_points_cover_every_turn_with_replayable_history(oddoneout):
+    _, bp_path, rows, _ = oddoneout
+    assert rows == records.read_records(bp_path, records.BRANCH_POINTS)
+    by_episode = {}
+    for row in rows:
+        by_episode.setdefault(row["episode_id"], []).append(row)
+    for bps in by_episode.values():  # the violation, then the right answer
+        assert [bp["turn_idx"] for bp in bps] == [0, 1]
+        assert [bp["parse_ok"] for bp in bps] == [False, True]
+        assert bps[1]["history"] == [bps[0]["candidate"], bps[1]["candidate"]]
+        assert bps[1]["prefix"][-2] == {"role": "assistant", "content": "I am not sure."}
+    assert len({row["seed"] for row in rows}) == len(rows)
+
+
+def test_winning_continuations_label_one_and_terminal_candidates_keep_their_score(oddoneout, scripted_policy,
+                                                                                   tmp_path):
+    settings, bp_path, bps, oracle = oddoneout
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(oracle))
+    assert [row["bp_id"] for row in rows] == [bp["bp_id"] for bp in bps]
+    for row in rows:
+        if row["turn_idx"] == 0:  # after the violation: K continuations that win at the first attempt
+            assert not row["terminal"] and row["k"] == 3 and row["rollout_scores"] == [100.0] * 3
+            assert row["n_success"] == 3 and row["n_aborted"] == 0 and row["label"] == 1.0
+        else:  # the right answer ended the game: its own score, no continuation
+            assert row["terminal"] and row["k"] == 0 and row["rollout_scores"] == [100.0] and row["label"] == 1.0
+    assert records.read_records(tmp_path / "labels.parquet", records.SOFT_LABELS) == rows
+
+
+def test_aborting_continuations_get_the_aborted_value(oddoneout, scripted_policy, tmp_path):
+    settings, bp_path, _, _ = oddoneout
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(lambda messages: "No idea."))
+    continued = [row for row in rows if not row["terminal"]]
+    assert continued
+    for row in continued:  # a second violation in a row aborts: each continuation scores aborted_value
+        assert row["n_aborted"] == 3 and row["n_success"] == 0 and row["label"] == pytest.approx(0.25)
+
+
+def test_capped_continuations_get_the_partial_score(scripted_policy, tmp_path):
+    config = tiny_config(games={"builtin": ["guessnumber"]})
+
+    def count_up(messages):  # guesses 1, 2, 3, ...
+        guesses = re.findall(r"than (\d+)", "\n".join(m["content"] for m in messages))
+        return f"GUESS: {int(guesses[-1]) + 1 if guesses else 1}"
+
+    settings = settings_for(config, max_rollout_rounds=1)
+    bp_path = tmp_path / "bp.parquet"
+    policy = scripted_policy(count_up)
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
+    catalog = GameCatalog(config["games"])
+    experiments = {i.key: i.experiment for i in catalog.instances("guessnumber", "train")}
+    targets = {i.key: int(i.instance["target"]) for i in catalog.instances("guessnumber", "train")}
+    checked = 0
+    for row in rows:
+        key = (row["game"], row["experiment"], row["game_id"])
+        guesses = row["turn_idx"] + 2  # the branch point's guesses plus the one continuation turn
+        if row["terminal"] or targets[key] <= guesses or guesses >= experiments[key]["max_guesses"]:
+            continue
+        remaining = experiments[key]["max_number"] - guesses  # the numbers above the last guess
+        assert row["n_capped"] == 3 and row["n_aborted"] == 0
+        assert row["label"] == pytest.approx(1 / (guesses + 1) / remaining)
+        checked += 1
+    assert checked
+
+
+def test_labels_do_not_depend_on_the_shard_count(tiny_policy, tmp_path):
+    config = tiny_config(games={"builtin": ["guessnumber", "wordref"]})
+    settings = settings_for(config)
+    bp_path = tmp_path / "bp.parquet"
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
+    one = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "one.parquet", policy=tiny_policy)
+    shard_paths = [tmp_path / f"{s}-of-3.parquet" for s in range(3)]
+    for shard, path in enumerate(shard_paths):
+        labels.soft_labels_shard({**settings, "labels": {**settings["labels"], "shards": 3}}, bp_path, None, shard, 3,
+                                 path, policy=tiny_policy)
+    gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet")
+    assert len(one) == len(records.read_records(bp_path)) > 3
+    assert same_rows(gathered, one)
+    assert all(0.0 <= row["label"] <= 1.0 and len(row["rollout_scores"]) == max(row["k"], 1) for row in one)
+    assert sum(row["new_tokens"] for row in one) > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory, test_cache_dir):
+    from clemprm.stages import load_policy
+    return load_policy({**tiny_config()["model"], "max_context_tokens": 2048}, test_cache_dir)
+
+
+RESUMABLE_SHARD = """
+import logging, sys, yaml
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+from clemprm import labels
+settings = yaml.safe_load(open("settings.yaml"))
+labels.soft_labels_shard(settings, "bp.parquet", None, 0, 1, sys.argv[1], cache_dir=sys.argv[2])
+"""
+
+
+def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(tiny_policy, tmp_path, test_cache_dir):
+    config = tiny_config(games={"builtin": ["guessnumber", "oddoneout"]})
+    settings = settings_for(config, checkpoint_every=1, k=4, max_new_tokens=16)
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", tmp_path / "bp.parquet", policy=tiny_policy)
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
+    (tmp_path / "shard.py").write_text(RESUMABLE_SHARD)
+    command = [sys.executable, "shard.py", "resumed.parquet", test_cache_dir]
+
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checkpoint = tmp_path / "resumed.parquet.ckpt"
+    deadline = time.monotonic() + 300
+    while not (checkpoint / "part-00001.parquet").exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert job.returncode == -signal.SIGKILL, "the shard finished before it could be killed"
+    assert not (tmp_path / "resumed.parquet").exists()
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    done_before = int(re.search(r"(\d+) done in the checkpoint", rerun.stdout).group(1))
+    assert done_before >= 2
+    assert not checkpoint.exists()
+
+    uninterrupted = labels.soft_labels_shard(settings, tmp_path / "bp.parquet", None, 0, 1,
+                                             tmp_path / "straight.parquet", policy=tiny_policy)
+    assert same_rows(records.read_records(tmp_path / "resumed.parquet"), uninterrupted)
+
+
+def test_a_checkpoint_of_other_settings_is_discarded(oddoneout, scripted_policy, tmp_path):
+    settings, bp_path, _, oracle = oddoneout
+    output = tmp_path / "labels.parquet"
+    stale = labels.ShardCheckpoint(output, "made with other settings")
+    stale.load()
+    stale.save([])
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
+    assert all(not math.isnan(row["label"]) for row in rows) and not stale.folder.exists()

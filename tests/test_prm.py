@@ -1,0 +1,262 @@
+"""The PRM stage on the tiny model (CPU): the pair text, the instance split, training (BCE and MSE, seeded), the
+metrics against the baselines, and the scorer (batching, left truncation, a reloaded adapter)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from clemprm import prm, records
+from clemprm.models import ModelConfig
+from tests.conftest import tiny_config
+
+MARKER = "apple"
+WORDS = ["river", "chair", "table", "green", "house", "seven", "tree", "stone"]
+POSITIVE, NEGATIVE = 0.875, 0.125      # soft labels (7 of 8 and 1 of 8 continuations won)
+
+
+def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: list[dict], candidate: str,
+                   label: float) -> dict:
+    episode_id = f"{game}/{experiment}/{game_id}/0"
+    scores = [100.0] * round(8 * label) + [0.0] * (8 - round(8 * label))
+    return {"bp_id": f"{episode_id}/{turn}", "episode_id": episode_id, "game": game, "experiment": experiment,
+            "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
+            "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True, "seed": turn,
+            "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
+            "rollout_scores": scores, "n_aborted": 0, "n_success": round(8 * label), "n_capped": 0, "new_tokens": 0,
+            "label": label}
+
+
+def synthetic_rows() -> list[dict]:
+    """Two games x two experiments (the same game ids in both) x 6 instances x 2 turns: a candidate naming the
+    marker word is labelled high, any other low. g1 has more marked candidates than g2, so the game alone tells
+    something, but not everything."""
+    rows = []
+    for game, marked_share in (("g1", 3), ("g2", 1)):
+        for experiment in ("e0", "e1"):
+            for game_id in range(6):
+                prefix = [{"role": "system", "content": "You play a word game."},
+                          {"role": "user", "content": f"Round {game_id}."},
+                          {"role": "user", "content": "Name a word."}]     # merged with the one before
+                for turn in range(2):
+                    marked = (2 * game_id + turn) % 4 < marked_share
+                    word = WORDS[(game_id + 3 * turn) % len(WORDS)]
+                    candidate = f"I say {word} {MARKER}" if marked else f"I say {word} {WORDS[(game_id + 5) % 8]}"
+                    rows.append(soft_label_row(game, experiment, game_id, turn, prefix, candidate,
+                                               POSITIVE if marked else NEGATIVE))
+    return rows
+
+
+def prm_settings(**prm_overrides) -> dict:
+    config = tiny_config(prm={"warmup_ratio": 0.0, "max_examples": None, **prm_overrides})
+    return {name: config[name] for name in ("seed", "model", "prm")}
+
+
+def write_labels(path, rows) -> str:
+    records.write_records(path, rows, records.SOFT_LABELS, {})
+    return str(path)
+
+
+def pairs_of(rows) -> list[tuple[list[dict], str]]:
+    return [(row["prefix"], row["candidate"]) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, test_cache_dir):
+    tmp = tmp_path_factory.mktemp("prm")
+    rows = synthetic_rows()
+    settings = prm_settings(lr=3e-3, epochs=12, batch_size=8, grad_accum=1, validation_fraction=0.25,
+                            early_stopping_patience=4)   # AUROC 1.0 on held-out instances for seeds 1-8
+    metrics = prm.train_prm(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
+                            str(tmp / "metrics.json"), test_cache_dir)
+    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
+    return {"settings": settings, "metrics": metrics, "dir": tmp, "rows": rows, "scorer": scorer}
+
+
+# ------------------------------------------------------------------------------------ no model
+
+
+def test_micro_batches_are_length_sorted_under_the_budget():
+    lengths = [5, 40, 12, 40, 7, 100]
+    batches = prm.micro_batches(lengths, token_budget=80)
+    assert sorted(i for batch in batches for i in batch) == list(range(6))
+    assert batches[0] == [5]                                             # longer than the budget: alone
+    assert all(len(batch) * lengths[batch[0]] <= 80 for batch in batches[1:])
+    assert [lengths[i] for batch in batches for i in batch] == sorted(lengths, reverse=True)
+
+
+def test_metric_functions():
+    assert prm.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert prm.pearson([1, 1, 1], [0, 1, 0]) is None                    # a constant side
+    assert prm.ranks([0.3, 0.1, 0.3]) == [2.5, 1.0, 2.5]
+    assert prm.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert prm.auroc([0.9, 0.8, 0.1, 0.2], [1, 0.75, 0, 0.25]) == 1.0
+    assert prm.auroc([0.1, 0.9], [1, 0]) == 0.0 and prm.auroc([0.5, 0.5], [1, 0]) == 0.5
+    assert prm.auroc([0.2, 0.4], [0.7, 0.9]) is None                    # one class only
+    table = prm.calibration([0.05, 0.07, 0.95, 1.0], [0, 1, 1, 1])
+    assert len(table) == 10 and [row["count"] for row in table] == [2] + [0] * 8 + [2]
+    assert table[0]["mean_prediction"] == pytest.approx(0.06) and table[0]["mean_label"] == 0.5
+    assert table[5]["mean_prediction"] is None
+    metrics = prm.prediction_metrics([0.5, 0.5], [1.0, 0.0])
+    assert metrics["bce"] == pytest.approx(0.6931, abs=1e-4) and metrics["mse"] == 0.25
+    assert prm.prediction_metrics([], []) is None
+    assert prm.effective_grad_accum(batch_size=8, grad_accum=16, n_train=20) == 3   # 3 batches per epoch
+    assert prm.effective_grad_accum(batch_size=8, grad_accum=2, n_train=1000) == 2
+
+
+def test_corrupt_or_invalid_labels_file_is_an_error_naming_it(tmp_path, test_cache_dir):
+    corrupt = tmp_path / "soft_labels.parquet"
+    corrupt.write_bytes(b"not a parquet file")
+    with pytest.raises(records.RecordFileError, match="soft_labels.parquet"):
+        prm.train_prm(prm_settings(), str(corrupt), str(tmp_path / "a"), str(tmp_path / "m.json"), test_cache_dir)
+    rows = synthetic_rows()[:2]
+    rows[1]["label"] = 1.5
+    bad = write_labels(tmp_path / "bad_labels.parquet", rows)
+    with pytest.raises(records.RecordFileError, match=r"bad_labels.parquet, row 1 .*1.5"):
+        prm.read_labels(bad)
+
+
+# ------------------------------------------------------------------------------------- tiny model
+
+
+def test_pair_text_merges_roles_and_appends_the_candidate_as_the_assistant_turn(trained):
+    tokenizer = trained["scorer"].tokenizer
+    prefix = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    text = prm.pair_text(tokenizer, prefix, "GUESS: 5", {"enable_thinking": False})
+    assert text.startswith("<|im_start|>user\na\n\nb<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith("GUESS: 5<|im_end|>\n") and text.count("<|im_start|>") == 2
+    # sequence classification pools the last non-pad token: pad must differ from the end-of-turn token
+    model = trained["scorer"].model
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert model.config.pad_token_id == model.config.text_config.pad_token_id == tokenizer.pad_token_id
+
+
+def test_training_separates_the_labels_and_beats_the_baselines(trained):
+    metrics = trained["metrics"]
+    assert metrics == json.loads((trained["dir"] / "metrics.json").read_text())
+    assert metrics["status"] == "trained" and metrics["loss"] == "bce" and metrics["steps"] > 0
+    history = metrics["history"]
+    assert history[0]["epoch"] == 0 and history[0]["eval_loss"] > 0.5
+    assert history[-1]["train_loss"] < 0.8 * history[1]["train_loss"]
+    assert metrics["eval_loss"] < 0.7 * metrics["initial_eval_loss"]
+    validation = metrics["evaluation"]["validation"]
+    assert validation["auroc"] > 0.95 and validation["pearson"] > 0.8 and validation["spearman"] > 0.8
+    baselines = metrics["baselines"]
+    validation_keys = set(metrics["examples"]["validation_instance_keys"])
+    train_labels = [row["label"] for row in trained["rows"] if "/".join(prm.instance_key(row)) not in validation_keys]
+    assert baselines["constant_mean"]["value"] == pytest.approx(sum(train_labels) / len(train_labels))
+    assert baselines["constant_mean"]["validation"]["auroc"] == 0.5
+    assert baselines["constant_mean"]["validation"]["pearson"] is None      # constant predictions
+    assert set(baselines["game_mean"]["values"]) == {"g1", "g2"}
+    assert validation["bce"] < baselines["game_mean"]["validation"]["bce"] < 0.75
+    assert validation["auroc"] > baselines["game_mean"]["validation"]["auroc"]
+
+
+def test_metrics_json_has_every_key(trained):
+    metrics = trained["metrics"]
+    for key in ("status", "model", "loss", "examples", "tokens", "steps", "epochs_run", "max_epochs", "stopped_early",
+                "best_epoch", "batch_size", "grad_accum", "effective_batch", "train_loss", "eval_loss",
+                "initial_eval_loss", "history", "evaluation", "baselines", "train_seconds", "seconds",
+                "peak_memory_mb", "config", "versions"):
+        assert key in metrics, key
+    block_keys = {"n", "mean_label", "mean_prediction", "bce", "mse", "pearson", "spearman", "auroc", "calibration"}
+    for side in ("train", "validation"):
+        assert set(metrics["evaluation"][side]) == block_keys
+        for baseline in ("constant_mean", "game_mean"):
+            assert set(metrics["baselines"][baseline][side]) == block_keys
+    calibration = metrics["evaluation"]["validation"]["calibration"]
+    assert len(calibration) == 10 and sum(row["count"] for row in calibration) == metrics["examples"]["validation"]
+    assert set(calibration[0]) == {"bin", "count", "mean_prediction", "mean_label"}
+    assert all({"epoch", "train_loss", "eval_loss"} <= set(row) for row in metrics["history"][1:])
+    assert metrics["model"]["device"] == "cpu" and metrics["model"]["spec"] == "tiny:0"
+    assert metrics["peak_memory_mb"]["rss"] > 0 and metrics["config"]["prm"]["lr"] == 3e-3
+    assert {"peft", "transformers", "torch"} <= set(metrics["versions"])
+    adapter_config = json.loads((trained["dir"] / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["task_type"] == "SEQ_CLS" and adapter_config["base_model_name_or_path"] == "tiny:0"
+    assert set(adapter_config["target_modules"]) == {"q_proj", "v_proj"}
+    assert "score" in adapter_config["modules_to_save"]
+
+
+def test_held_out_split_is_by_instance(trained):
+    metrics = trained["metrics"]
+    validation = set(metrics["examples"]["validation_instance_keys"])
+    keys = {"/".join(prm.instance_key(row)) for row in trained["rows"]}
+    assert len(keys) == 24 and len(validation) == 6 and validation < keys    # g1/e0/3 and g1/e1/3 are two instances
+    assert metrics["examples"]["validation"] == 2 * len(validation) and metrics["examples"]["train"] == 2 * 18
+    assert metrics["examples"]["validation_instances"] == 6 and metrics["examples"]["train_instances"] == 18
+    assert validation == {"/".join(key) for key in prm.split_instances(
+        [prm.instance_key(row) for row in trained["rows"]], 0.25, trained["settings"]["seed"])}
+
+
+def test_reloaded_adapter_reproduces_the_scores(trained):
+    metrics, scorer = trained["metrics"], trained["scorer"]
+    validation = set(metrics["examples"]["validation_instance_keys"])
+    rows = [row for row in trained["rows"] if "/".join(prm.instance_key(row)) in validation]
+    scores = scorer.score(pairs_of(rows))
+    recomputed = prm.prediction_metrics(scores, [row["label"] for row in rows])
+    for key in ("bce", "mse", "mean_prediction", "auroc"):
+        assert recomputed[key] == pytest.approx(metrics["evaluation"]["validation"][key], abs=1e-6)
+    assert all(0.0 < s < 1.0 for s in scores)
+    assert scorer.stats.pairs == len(rows) and scorer.stats.calls == 1 and scorer.stats.seconds > 0
+
+
+def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
+    scorer = trained["scorer"]
+    pairs = pairs_of(trained["rows"][::3])
+    pairs[0] = (pairs[0][0] + [{"role": "user", "content": "Think hard. " * 20}], pairs[0][1] + " and more")
+    batched = scorer.score(pairs)
+    single = prm.PRMScorer(scorer.cfg, token_budget=1, tokenizer=scorer.tokenizer, model=scorer.model)
+    alone = single.score(pairs)
+    assert single.stats.pairs == len(pairs)
+    assert torch.allclose(torch.tensor(batched), torch.tensor(alone), atol=1e-5, rtol=0)
+    assert single.score(pairs[:1] + pairs[:1])[0] == pytest.approx(alone[0], abs=1e-5)
+
+
+def test_truncation_keeps_the_end(trained):
+    scorer = trained["scorer"]
+    tokenizer, kwargs = scorer.tokenizer, scorer.cfg.chat_template_kwargs
+    prefix = [{"role": "user", "content": f"Old turn number {i} of a long game."} for i in range(40)]
+    candidate = f"I say river {MARKER}"
+    full, cut = prm.encode_pair(tokenizer, prefix, candidate, kwargs, 10_000)
+    ids, truncated = prm.encode_pair(tokenizer, prefix, candidate, kwargs, 64)
+    assert not cut and truncated and len(full) > 64 and ids == full[-64:]
+    text = tokenizer.decode(ids)
+    assert text.endswith(f"{candidate}<|im_end|>\n") and "number 39" in text and "number 0 " not in text
+    short = prm.PRMScorer(scorer.cfg, max_length=64, tokenizer=tokenizer, model=scorer.model)
+    assert short.score([(prefix, candidate)]) == pytest.approx(scorer.score_ids([full[-64:]]), abs=1e-6)
+    assert short.stats.truncated == 1
+
+
+def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test_cache_dir):
+    """20 pairs, batches of 4 and grad_accum 64: capped at 5 (one optimizer step per epoch); two runs with one
+    seed give the same adapter."""
+    from safetensors.torch import load_file
+
+    labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:20])
+    settings = prm_settings(loss="mse", lr=1e-2, epochs=2, batch_size=4, grad_accum=64, validation_fraction=0.0)
+    runs = []
+    for name in ("a", "b"):
+        metrics = prm.train_prm(settings, labels, str(tmp_path / name), str(tmp_path / f"{name}.json"), test_cache_dir)
+        runs.append((metrics, load_file(str(tmp_path / name / "adapter_model.safetensors"))))
+    (metrics, weights), (other_metrics, other_weights) = runs
+    assert metrics["loss"] == "mse" and metrics["grad_accum"] == 5 and metrics["effective_batch"] == 20
+    assert metrics["steps"] == 2 and metrics["examples"]["validation"] == 0
+    assert metrics["evaluation"]["validation"] is None and metrics["eval_loss"] is None
+    assert metrics["train_loss"] < 0.25 and metrics["history"] == other_metrics["history"]
+    assert any(name.endswith("score.weight") for name in weights)            # the head is saved with the LoRA
+    assert weights.keys() == other_weights.keys()
+    assert all(torch.equal(weights[name], other_weights[name]) for name in weights)
+
+
+def test_empty_labels_file_writes_an_untrained_adapter(tmp_path, test_cache_dir):
+    settings = prm_settings()
+    labels = write_labels(tmp_path / "labels.parquet", [])
+    metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
+    assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
+    assert json.loads((tmp_path / "m.json").read_text())["status"] == metrics["status"]
+    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    assert isinstance(scorer.cfg, ModelConfig) and scorer.cfg.adapter == str(tmp_path / "adapter")
+    scores = scorer.score(pairs_of(synthetic_rows()[:3]))
+    assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)

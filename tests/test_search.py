@@ -1,0 +1,168 @@
+"""PRM-guided search on real built-in games: best-of-N and beam search with scripted policies and a scripted PRM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from clemprm.catalog import GameCatalog
+from clemprm.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.search.beam_search import Beam, beam_search
+from clemprm.search.best_of_n import best_of_n
+from tests.conftest import binary_search_answer, tiny_config
+
+SAMPLING = Sampling(temperature=0.7, max_new_tokens=16)
+JUNK = "I have no idea."
+
+
+class ScriptedPRM:
+    """A test double of :class:`clemprm.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
+    is recorded."""
+
+    def __init__(self, value):
+        self.value = value
+        self.calls: list[list[tuple]] = []
+
+    def score(self, pairs):
+        self.calls.append(list(pairs))
+        return [self.value(messages, candidate) for messages, candidate in pairs]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return GameCatalog(tiny_config()["games"])
+
+
+@pytest.fixture(scope="module")
+def seeded_policy(scripted_policy):
+    from clemprm.models import Generation
+
+    class SeededPolicy(scripted_policy):
+        """A policy whose answer is ``answer(messages, seed)``: candidates differ by seed, as sampled ones do."""
+
+        def generate(self, perspectives, seeds=None, temperature=None, top_p=None, max_new_tokens=None):
+            self.calls.append(len(perspectives))
+            texts = [self.answer(messages, seed) for messages, seed in zip(perspectives, seeds)]
+            return [Generation(text=text, raw_text=text, prompt_tokens=1, new_tokens=len(text.split()))
+                    for text in texts]
+
+    return SeededPolicy
+
+
+def start(engine, instances, policy, repeats=1):
+    return [engine.start(instance, [policy], f"{'/'.join(map(str, instance.key))}/{r}",
+                         derive_seed(7, "test", *instance.key, r))
+            for instance in instances for r in range(repeats)]
+
+
+def any_game_answer(messages):
+    """Perfect guessnumber play; a fixed (usually wrong) answer in the other games."""
+    if "GUESS" in messages[0]["content"]:
+        return binary_search_answer(messages)
+    return "DESCRIPTION: something you can hold" if "DESCRIPTION" in messages[0]["content"] else "ANSWER: apple"
+
+
+def test_best_of_n_plays_the_candidate_the_prm_prefers(catalog, seeded_policy):
+    instances = catalog.instances("guessnumber", "validation")
+
+    def answer(messages, seed):  # half of the samples play perfectly, half break the rules
+        return binary_search_answer(messages) if seed % 2 else JUNK
+
+    def run(prefers):
+        engine = RolloutEngine(catalog, SAMPLING)
+        episodes = start(engine, instances, seeded_policy(answer))
+        prm = ScriptedPRM(lambda messages, candidate: 1.0 if candidate == prefers(messages) else 0.0)
+        costs = best_of_n(engine, episodes, prm, 8, SAMPLING)
+        return [episode.record("p", SAMPLING) for episode in episodes], costs, prm
+
+    rows, costs, prm = run(binary_search_answer)
+    assert all(row["success"] for row in rows)
+    scored = {}
+    for pairs in prm.calls:
+        for messages, candidate in pairs:
+            scored.setdefault(str(messages), set()).add(candidate)
+    assert any(JUNK in candidates for candidates in scored.values())  # the PRM had to choose
+    for row in rows:
+        for turn in row["turns"]:
+            assert turn["response"] == binary_search_answer(turn["messages"])
+    assert [cost.nodes for cost in costs] == [8 * row["n_turns"] for row in rows]
+    assert sum(cost.prm_pairs for cost in costs) == sum(map(len, prm.calls))
+
+    rows, _, _ = run(lambda messages: JUNK)  # a PRM that prefers breaking the rules gets aborted games
+    assert all(row["aborted"] for row in rows)
+
+
+def test_best_of_n_one_generate_call_and_one_prm_call_per_step_across_games(catalog, seeded_policy):
+    instances = catalog.all_instances("validation")
+    assert len({instance.game for instance in instances}) == 3
+    policy = seeded_policy(lambda messages, seed: any_game_answer(messages))
+    prm = ScriptedPRM(lambda messages, candidate: 0.5)
+    engine = RolloutEngine(catalog, SAMPLING)
+    episodes = start(engine, instances, policy)
+    best_of_n(engine, episodes, prm, 3, SAMPLING)
+    assert all(episode.done for episode in episodes)
+    assert len(policy.calls) == len(prm.calls) > 1
+    assert policy.calls[0] == 3 * len(episodes) == len(prm.calls[0])
+    assert policy.calls == [len(pairs) for pairs in prm.calls]
+
+
+def test_beam_search_with_width_1_and_one_candidate_is_greedy_play(catalog, scripted_policy):
+    instances = catalog.all_instances("validation")
+    greedy_engine = RolloutEngine(catalog, Sampling())
+    greedy = start(greedy_engine, instances, scripted_policy(any_game_answer))
+    greedy_engine.run(greedy)
+    engine = RolloutEngine(catalog, Sampling())
+    roots = start(engine, instances, scripted_policy(any_game_answer))
+    chosen, costs = beam_search(engine, roots, ScriptedPRM(lambda messages, candidate: 0.5), n=1, beam_width=1,
+                                iterations=20, sampling=Sampling())
+    assert {"wordref", "oddoneout", "guessnumber"} == {instance.game for instance in instances}
+    for a, b, cost in zip(greedy, chosen, costs):
+        row_a, row_b = a.record("p", Sampling()), b.record("p", Sampling())
+        assert row_a == row_b
+        assert cost.nodes == cost.prm_pairs == row_b["n_turns"]
+
+
+def test_beam_search_batches_all_beams_of_all_games(catalog, seeded_policy):
+    instances = catalog.all_instances("validation")
+    policy = seeded_policy(lambda messages, seed: f"GUESS: {seed % 10 + 1}" if "GUESS" in messages[0]["content"]
+                           else any_game_answer(messages))
+    prm = ScriptedPRM(lambda messages, candidate: derive_seed(candidate) % 100 / 100)
+    engine = RolloutEngine(catalog, SAMPLING)
+    roots = start(engine, instances, policy)
+    chosen, costs = beam_search(engine, roots, prm, n=3, beam_width=2, iterations=20, sampling=SAMPLING)
+    assert len(policy.calls) == len(prm.calls) > 1
+    assert policy.calls[0] == 3 * len(roots)
+    assert max(policy.calls) > 3 * len(roots)   # later iterations expand two beams per game
+    assert sum(cost.prm_pairs for cost in costs) == sum(map(len, prm.calls))
+    assert all(episode.done for episode in chosen)
+    assert [episode.episode_id for episode in chosen] == [root.episode_id for root in roots]
+    assert [episode.seed for episode in chosen] == [root.seed for root in roots]
+
+
+def test_beam_search_prefers_any_finished_game_over_a_better_scored_unfinished_one(catalog, seeded_policy):
+    instance = next(i for i in catalog.instances("guessnumber", "validation") if i.experiment["max_guesses"] >= 4)
+    target = instance.instance["target"]
+    wrong = 1 if target != 1 else 2
+    policy = seeded_policy(lambda messages, seed: f"GUESS: {target if seed % 2 else wrong}")
+    prm = ScriptedPRM(lambda messages, candidate: 0.9 if candidate == f"GUESS: {wrong}" else 0.1)
+    engine = RolloutEngine(catalog, SAMPLING)
+    (chosen,), _ = beam_search(engine, start(engine, [instance], policy), prm, n=8, beam_width=1, iterations=1,
+                               sampling=SAMPLING)
+    assert {candidate for pairs in prm.calls for _, candidate in pairs} == {f"GUESS: {target}", f"GUESS: {wrong}"}
+    row = chosen.record("p", SAMPLING)
+    assert row["success"] and row["n_turns"] == 1
+
+    never_wins = seeded_policy(lambda messages, seed: f"GUESS: {wrong}")   # nothing finishes in 2 iterations
+    (chosen,), _ = beam_search(engine, start(engine, [instance], never_wins), prm, n=2, beam_width=1, iterations=2,
+                               sampling=SAMPLING)
+    row = chosen.record("p", SAMPLING)
+    assert row["aborted"] and row["error"] == "episode not finished" and row["n_turns"] == 2
+
+
+def test_beam_scores_aggregate_last_min_or_prod():
+    beam = Beam(episode=None, step_scores=[0.5, 0.9, 0.8])
+    assert beam.score("last") == 0.8 and beam.score("min") == 0.5 and beam.score("prod") == pytest.approx(0.36)
+    assert Beam(episode=None).score("last") == -math.inf
+    with pytest.raises(ValueError, match="aggregation"):
+        beam_search(None, [], None, n=1, beam_width=1, iterations=1, sampling=SAMPLING, aggregation="mean")
