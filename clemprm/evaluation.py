@@ -39,7 +39,7 @@ from clemprm.labels import sft_policy_settings
 from clemprm.search import SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
-from clemprm.sft import _write_json
+from clemprm.sft import write_json
 from clemprm.stages import load_policy, summarize
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
         **provenance(settings),
     }
     jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
-    _write_json(output, summary)
+    write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))
     return summary
 

@@ -177,11 +177,13 @@ def outcome_stats(aborted: list, success: list, bench_score: list | None) -> dic
 
 
 def continuation_stats(k: list, n_aborted: list, n_success: list) -> dict:
-    """Mean K and the share of all continuations that aborted / succeeded (NaN when none were played)."""
-    played = sum(present(k))
+    """Mean K and the share of all continuations that aborted / succeeded (NaN when none were played). Rows with
+    ``k == 0`` (terminal branch points) played no continuation: their counts describe the candidate's own outcome."""
+    rows = [(n, a, s) for n, a, s in zip(k, n_aborted, n_success) if n]
+    played = sum(n for n, _, _ in rows)
     return {"mean_k": mean(k),
-            "continuation_abort_rate": sum(present(n_aborted)) / played if played else math.nan,
-            "continuation_success_rate": sum(present(n_success)) / played if played else math.nan}
+            "continuation_abort_rate": sum(a or 0 for _, a, _ in rows) / played if played else math.nan,
+            "continuation_success_rate": sum(s or 0 for _, _, s in rows) / played if played else math.nan}
 
 
 def format_group(name: str, stats: dict, width: int) -> list[str]:

@@ -282,9 +282,11 @@ def summarize_labels(rows: list[dict]) -> str:
         labels = [row["label"] for row in game_rows]
         mean = sum(labels) / len(labels)
         std = math.sqrt(sum((x - mean) ** 2 for x in labels) / len(labels))
-        k = sum(row["k"] for row in game_rows) or 1
+        continued = [row for row in game_rows if not row["terminal"]]
+        k = sum(row["k"] for row in continued) or 1
         lines.append(f"{game}: {len(game_rows)} branch points, label mean {mean:.3f} (std {std:.3f}), "
-                     f"{k} continuations, {100 * sum(r['n_aborted'] for r in game_rows) / k:.0f}% aborted, "
-                     f"{100 * sum(r['n_success'] for r in game_rows) / k:.0f}% success, "
-                     f"{sum(r['terminal'] for r in game_rows)} terminal")
+                     f"{len(game_rows) - len(continued)} terminal; {k} continuations of the others: "
+                     f"{100 * sum(r['n_aborted'] for r in continued) / k:.0f}% aborted, "
+                     f"{100 * sum(r['n_success'] for r in continued) / k:.0f}% success, "
+                     f"{100 * sum(r['n_capped'] for r in continued) / k:.0f}% capped")
     return "\n".join(lines)

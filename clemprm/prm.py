@@ -16,6 +16,16 @@ Text of a pair
     the end-of-turn token, and batches are padded on the right (recurrent layers such as Qwen3.5's Gated DeltaNet
     never see padding before a real token).
 
+Shared prefixes
+    The search and the evaluation score N candidates of one prefix. :meth:`PRMScorer.score` groups the pairs with
+    the same prefix messages, takes the longest token prefix common to a group's sequences (robust to template and
+    tokenizer boundaries; a left-truncated sequence starts elsewhere and then shares little or nothing), runs these
+    prefixes once, left padded, into a cache, copies each cache row to its group's pairs and runs only the
+    candidates' suffixes, padded on the right, attending to prefix + suffix. Left padding is exact for plain
+    attention (masked) and for Qwen3.5's Gated DeltaNet layers (padded positions are zeroed before they reach the
+    conv and recurrent states, which therefore stay zero until the first real token). A model whose cache holds
+    anything else scores every pair in full (decided when the scorer is made, logged once).
+
 Training
     Soft labels (``results/labels/soft_labels.parquet``, :data:`clemprm.records.SOFT_LABELS`), one example per
     branch point. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
 import random
@@ -45,17 +56,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.config import provenance
 from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
-from clemprm.sft import (OPTIMIZER_AUTO, _finite, _move_into_place, _name_base, _write_json, device_name,
-                         epoch_history, keep_4bit_differentiable, normalise, peak_memory_mb, progress_callback,
-                         split_instances)
+from clemprm.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
+                         normalise, progress_callback, save_adapter, split_instances)
 
 log = logging.getLogger(__name__)
 
 LOSSES = ("bce", "mse")
 CALIBRATION_BINS = 10
 EPSILON = 1e-7          # probabilities are clipped to [EPSILON, 1 - EPSILON] for the BCE of predictions
+MIN_SHARED_TOKENS = 16  # a shorter common prefix is not worth a forward pass of its own
 
 
 # ------------------------------------------------------------------------------------------ pair text
@@ -77,17 +87,28 @@ def encode_pair(tokenizer, prefix: list[dict], candidate: str, chat_template_kwa
     return ids[-max_length:], len(ids) > max_length
 
 
-def pad_right(sequences: list[list[int]], pad_id: int):
-    """``(input_ids, attention_mask)`` tensors, padded on the right."""
+def _pad(sequences: list[list[int]], pad_id: int, left: bool):
     import torch
 
     width = max(len(ids) for ids in sequences)
     input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, ids in enumerate(sequences):
-        input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, :len(ids)] = 1
+        columns = slice(width - len(ids), width) if left else slice(0, len(ids))
+        input_ids[row, columns] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, columns] = 1
     return input_ids, attention_mask
+
+
+def pad_right(sequences: list[list[int]], pad_id: int):
+    """``(input_ids, attention_mask)`` tensors, padded on the right."""
+    return _pad(sequences, pad_id, left=False)
+
+
+def pad_left(sequences: list[list[int]], pad_id: int):
+    """``(input_ids, attention_mask)`` tensors, padded on the left: shared prefixes of different lengths all end in
+    the last column, which their pairs' suffixes continue."""
+    return _pad(sequences, pad_id, left=True)
 
 
 def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -102,6 +123,96 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
     return batches + [current] if current else batches
 
 
+# ---------------------------------------------------------------------------------------- shared prefixes
+
+
+@dataclass
+class PrefixGroup:
+    """Pairs (``rows``) whose sequences share their first ``shared`` tokens; ``longest``: their longest sequence."""
+
+    shared: int
+    rows: list[int]
+    longest: int
+
+
+def common_prefix_length(sequences: list[list[int]]) -> int:
+    """How many first tokens all ``sequences`` share, at most the shortest length minus one: every pair keeps a
+    token of its own, at which its score is pooled."""
+    limit = min(len(ids) for ids in sequences) - 1
+    first = sequences[0]
+    n = 0
+    while n < limit and all(ids[n] == first[n] for ids in sequences[1:]):
+        n += 1
+    return n
+
+
+def shared_prefix_groups(sequences: list[list[int]], keys: list | None) -> tuple[list[PrefixGroup], list[int]]:
+    """``(groups, alone)``: the pairs of one key (e.g. the same prefix messages) that share at least
+    :data:`MIN_SHARED_TOKENS` first tokens form a group; every other pair (no keys, its key's only pair, a group
+    whose left truncation shifted a start) is scored alone."""
+    if keys is None:
+        return [], list(range(len(sequences)))
+    by_key = collections.defaultdict(list)
+    for i, key in enumerate(keys):
+        by_key[key].append(i)
+    groups, alone = [], []
+    for rows in by_key.values():
+        shared = common_prefix_length([sequences[i] for i in rows]) if len(rows) > 1 else 0
+        if shared >= MIN_SHARED_TOKENS:
+            groups.append(PrefixGroup(shared, rows, max(len(sequences[i]) for i in rows)))
+        else:
+            alone.extend(rows)
+    return groups, sorted(alone)
+
+
+def _padded_tokens(groups: list[PrefixGroup]) -> int:
+    """Padded tokens of the larger of a micro-batch's two passes: the prefixes and the suffixes."""
+    prefixes = len(groups) * max(group.shared for group in groups)
+    suffixes = sum(len(group.rows) for group in groups) * max(group.longest - group.shared for group in groups)
+    return max(prefixes, suffixes)
+
+
+def group_batches(groups: list[PrefixGroup], token_budget: int) -> list[list[PrefixGroup]]:
+    """Groups, longest shared prefix first, in micro-batches whose passes stay within ``token_budget`` padded tokens
+    (a larger group alone)."""
+    batches, current = [], []
+    for group in sorted(groups, key=lambda g: -g.shared):
+        if current and _padded_tokens(current + [group]) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(group)
+    return batches + [current] if current else batches
+
+
+def cache_keyword(model) -> str | None:
+    """The name under which the model's forward takes a cache (``cache`` in transformers 5, else
+    ``past_key_values``); None if it takes none."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = inspect.signature(type(base).forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
+def prefix_sharing_problem(model) -> str | None:
+    """Why ``model`` cannot score suffixes on the cache of a left-padded shared prefix; None when it can: its
+    cache is made of plain attention layers and linear-attention (conv + recurrent state) layers only. Sliding
+    windows, static, quantized or other layers keep full scoring."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionLayer
+
+    if cache_keyword(model) is None:
+        return "its forward takes no cache"
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception as error:  # a config the layer-type dispatch does not know
+        return f"no cache for its config ({type(error).__name__}: {error})"
+    unsupported = sorted({type(layer).__name__ for layer in cache.layers
+                          if type(layer) not in (DynamicLayer, LinearAttentionLayer)})
+    if not cache.layers or unsupported:
+        return f"cache layers {', '.join(unsupported) or 'unknown'}"
+    return None
+
+
 # --------------------------------------------------------------------------------------------- scorer
 
 
@@ -113,6 +224,7 @@ class PRMStats:
     pairs: int = 0
     tokens: int = 0
     truncated: int = 0
+    shared_tokens: int = 0      # prefix tokens computed once for several pairs instead of once per pair
     seconds: float = 0.0
 
     def __getitem__(self, key: str):
@@ -126,11 +238,12 @@ class PRMScorer:
     """P(success) of ``(prefix messages, candidate)`` pairs from the PRM (base + adapter ``cfg.adapter``).
 
     ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
-    sorted by length so a micro-batch holds similar lengths. A score does not depend on the batch it is in
-    (up to float rounding)."""
+    sorted by length so a micro-batch holds similar lengths. With ``share_prefixes`` (where the model's cache
+    allows it) the token prefix common to the pairs of one prefix is computed once. A score does not depend on
+    the batch it is in nor on sharing (up to float rounding)."""
 
     def __init__(self, cfg: ModelConfig, *, max_length: int = 1024, token_budget: int | None = None, tokenizer=None,
-                 model=None):
+                 model=None, share_prefixes: bool = True):
         self.cfg = cfg
         if model is None or tokenizer is None:
             tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="seq-cls")
@@ -138,10 +251,15 @@ class PRMScorer:
         self.max_length = int(max_length)
         self.token_budget = int(token_budget or cfg.token_budget)
         self.stats = PRMStats()
+        self.share_prefixes = share_prefixes
+        if share_prefixes and (problem := prefix_sharing_problem(model)):
+            log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
+            self.share_prefixes = False
+        self._cache_keyword = cache_keyword(model)
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
-        """P(success) for each (prefix messages, candidate answer); length-sorted micro-batches under a token
-        budget, left truncation."""
+        """P(success) for each (prefix messages, candidate answer); pairs with the same prefix messages share their
+        common token prefix; length-sorted micro-batches under a token budget, left truncation."""
         start = time.perf_counter()
         sequences = []
         for prefix, candidate in pairs:
@@ -149,32 +267,68 @@ class PRMScorer:
                                          self.max_length)
             sequences.append(ids)
             self.stats.truncated += truncated
-        scores = self.score_ids(sequences)
+        scores = self.score_ids(sequences, keys=[json.dumps(prefix, sort_keys=True, default=str)
+                                                 for prefix, _ in pairs])
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.tokens += sum(len(ids) for ids in sequences)
         self.stats.seconds += time.perf_counter() - start
         return scores
 
-    def score_ids(self, sequences: list[list[int]]) -> list[float]:
-        """P(success) of already encoded pairs. On CUDA under autocast to the configured compute dtype: a model just
-        prepared for 4-bit training keeps its score head and norms in fp32 while its 4-bit layers compute in bf16."""
+    def score_ids(self, sequences: list[list[int]], keys: list | None = None) -> list[float]:
+        """P(success) of already encoded pairs; the pairs of one key (e.g. the same prefix messages) compute their
+        common token prefix once. On CUDA under autocast to the configured compute dtype: a model just prepared for
+        4-bit training keeps its score head and norms in fp32 while its 4-bit layers compute in bf16."""
         import torch
 
         scores = [math.nan] * len(sequences)
+        groups, alone = shared_prefix_groups(sequences, keys if self.share_prefixes else None)
         device = next(self.model.parameters()).device
         dtype = resolve_dtype(self.cfg, device.type)
         was_training = self.model.training
         self.model.eval()
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype,
                                                     enabled=device.type == "cuda" and dtype != torch.float32):
-            for batch in micro_batches([len(ids) for ids in sequences], self.token_budget):
-                input_ids, attention_mask = pad_right([sequences[i] for i in batch], self.tokenizer.pad_token_id)
-                logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
-                for i, value in zip(batch, torch.sigmoid(logits.float().squeeze(-1)).tolist()):
+            for batch in micro_batches([len(sequences[i]) for i in alone], self.token_budget):
+                rows = [alone[i] for i in batch]
+                input_ids, attention_mask = pad_right([sequences[i] for i in rows], self.tokenizer.pad_token_id)
+                for i, value in zip(rows, self._forward(input_ids, attention_mask)):
+                    scores[i] = value
+            for batch in group_batches(groups, self.token_budget):
+                for i, value in zip([i for group in batch for i in group.rows], self._score_shared(sequences, batch)):
                     scores[i] = value
         self.model.train(was_training)
+        self.stats.shared_tokens += sum(group.shared * (len(group.rows) - 1) for group in groups)
         return scores
+
+    def _score_shared(self, sequences: list[list[int]], groups: list[PrefixGroup]) -> list[float]:
+        """Scores of the groups' rows, in group order: the shared prefixes in one left-padded pass that fills a
+        cache, its rows copied to their groups' pairs, then the suffixes (padded on the right) on top of it."""
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        pad = self.tokenizer.pad_token_id
+        prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad)
+        cache = DynamicCache(config=self.model.config)
+        self._forward(prefix_ids, prefix_mask, (prefix_mask.cumsum(-1) - 1).clamp_min(0), cache)
+        owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
+        cache.reorder_cache(owner)
+        suffix_ids, suffix_mask = pad_right([sequences[i][group.shared:] for group in groups for i in group.rows], pad)
+        start = torch.tensor([group.shared for group in groups for _ in group.rows])
+        positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
+        return self._forward(suffix_ids, torch.cat([prefix_mask[owner], suffix_mask], dim=-1), positions, cache)
+
+    def _forward(self, input_ids, attention_mask, position_ids=None, cache=None) -> list[float]:
+        """``sigmoid`` of the logit the model pools at each row's last non-pad token, optionally continuing (and
+        filling) ``cache``."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        kwargs = {"attention_mask": attention_mask.to(device)}
+        if cache is not None:
+            kwargs.update({self._cache_keyword: cache, "use_cache": True, "position_ids": position_ids.to(device)})
+        logits = self.model(input_ids=input_ids.to(device), **kwargs).logits
+        return torch.sigmoid(logits.float().squeeze(-1)).tolist()
 
 
 def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str | None = None,
@@ -514,18 +668,11 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, history=[], evaluation={"train": None, "validation": None},
                            baselines=None)
-        out = tmp_root / "adapter"
-        model.save_pretrained(str(out))
-        _name_base(out / "adapter_config.json", cfg.spec)
-        _move_into_place(out, adapter_dir)
+        save_adapter(model, cfg.spec, tmp_root, adapter_dir)
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
-
-    metrics["seconds"] = round(time.perf_counter() - start, 2)
-    metrics["peak_memory_mb"] = peak_memory_mb()
-    metrics.update(provenance(settings))   # config + versions
-    _write_json(metrics_path, metrics)
+    finish_metrics(metrics, start, settings, metrics_path)
     validation_metrics = (metrics["evaluation"] or {}).get("validation") or {}
     log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, validation AUROC %s, Pearson %s; "
              "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),

@@ -357,7 +357,8 @@ def peak_memory_mb() -> dict:
     return {key: round(value, 1) for key, value in peak.items()}
 
 
-def _write_json(path: str | Path, data: dict) -> None:
+def write_json(path: str | Path, data: dict) -> None:
+    """Write ``data`` as JSON atomically (no NaN: it is not JSON)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -365,17 +366,26 @@ def _write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _name_base(adapter_config: Path, spec: str) -> None:
-    """Name the base by its spec (``tiny:0``, ``embedded:...``, a hub id) rather than this machine's cache path."""
-    data = json.loads(adapter_config.read_text())
+def save_adapter(model, spec: str, tmp_root: Path, adapter_dir: Path) -> None:
+    """Save the PEFT adapter under ``tmp_root``, name its base by ``spec`` (``tiny:0``, ``embedded:...``, a hub id)
+    rather than this machine's cache path, then move it into place as ``adapter_dir``."""
+    out = tmp_root / "adapter"
+    model.save_pretrained(str(out))
+    config_path = out / "adapter_config.json"
+    data = json.loads(config_path.read_text())
     data["base_model_name_or_path"] = spec
-    adapter_config.write_text(json.dumps(data, indent=2, sort_keys=True))
+    config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    if adapter_dir.exists():
+        shutil.rmtree(adapter_dir)
+    os.replace(out, adapter_dir)
 
 
-def _move_into_place(tmp: Path, final: Path) -> None:
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: str | Path) -> None:
+    """Add wall seconds, peak memory, config and versions to a stage's metrics and write them."""
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    metrics["peak_memory_mb"] = peak_memory_mb()
+    metrics.update(provenance(settings))
+    write_json(metrics_path, metrics)
 
 
 def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: str,
@@ -494,18 +504,11 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                 train_seconds=round(train_seconds, 2))
             metrics["tokens"]["processed"] = last_step.get("num_tokens")
             peft_model = trainer.model
-        out = tmp_root / "adapter"
-        peft_model.save_pretrained(str(out))
-        _name_base(out / "adapter_config.json", cfg.spec)
-        _move_into_place(out, adapter_dir)
+        save_adapter(peft_model, cfg.spec, tmp_root, adapter_dir)
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
-
-    metrics["seconds"] = round(time.perf_counter() - start, 2)
-    metrics["peak_memory_mb"] = peak_memory_mb()
-    metrics.update(provenance(settings))   # config + versions
-    _write_json(metrics_path, metrics)
+    finish_metrics(metrics, start, settings, metrics_path)
     log.info("sft: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s (token accuracy %s -> %s); adapter %s",
              metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
              metrics.get("initial_eval_loss"), metrics.get("eval_loss"), metrics.get("initial_eval_token_accuracy"),

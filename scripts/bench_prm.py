@@ -1,18 +1,23 @@
-"""Benchmark PRM scoring: length-sorted micro-batches under a token budget vs one pair at a time (same scorer).
+"""Benchmark PRM scoring three ways: one pair at a time, batched, and batched with shared prefixes (same model).
 
-Prints pairs/s (and tokens/s) of ``PRMScorer.score`` on all pairs at once and on one pair per call, measured side
-by side (interleaved runs, the best of ``--repeats``), their ratio, and the largest score difference between the
-two (batching must not change a score). The pairs look like branch points of the built-in games: a game prompt,
-0-3 earlier exchanges (``--max-exchanges``), a short candidate answer (about 60-200 tokens).
+Two workloads, each scored (a) one pair per call, (b) all at once in length-sorted micro-batches under a token
+budget, every pair in full (``share_prefixes=False``), (c) all at once with the token prefix common to a prefix's
+candidates computed once (the default). Prints pairs/s and tokens/s (interleaved runs, the best of ``--repeats``),
+the ratios c/a and b/a, and the largest score difference of b and c from a (neither may change a score).
+
+``best-of-N``: ``--prefixes`` prefixes with ``--candidates`` candidates of different lengths each, as best-of-N and
+beam search score them. ``mixed``: pairs with prefixes of their own (nothing to share), as the PRM's training and
+evaluation sides look. A prefix looks like a branch point of the built-in games: a game prompt, 0-3 earlier
+exchanges (``--max-exchanges``); a candidate is a short answer (about 60-230 tokens a pair).
 
 Default: the tiny model (``tiny:0``) at 1 thread; ``--smollm2`` adds the embedded SmolLM2 (fewer pairs).
 On CPU a long pair is already a large matrix product, and the tiny Qwen3.5's Gated-DeltaNet layers run
-transformers' reference PyTorch kernel, whose cost grows with batch x length: batching gains most on short pairs
-and on GPUs.
+transformers' reference PyTorch kernel, whose cost grows with batch x length: batching alone gains most on short
+pairs and on GPUs, sharing gains on every device in proportion to the prefix tokens it skips.
 ``--adapter DIR`` scores with a trained PRM adapter (the scores, not the speed, depend on it).
 
     python scripts/bench_prm.py
-    python scripts/bench_prm.py --smollm2 --pairs 128
+    python scripts/bench_prm.py --smollm2
 """
 
 from __future__ import annotations
@@ -32,17 +37,34 @@ FEEDBACK = ["Your guess is too low. The number is higher.", "Your guess is too h
             "That is not a valid answer. Please answer with GUESS: and a number.", "Wrong word. Try again."]
 
 
+def make_prefix(i: int, rng: random.Random, max_exchanges: int) -> list[dict]:
+    """A game prompt and 0 to ``max_exchanges`` earlier (answer, feedback) exchanges."""
+    prefix = [{"role": "user", "content": f"Let us play a game, round {i}. I am thinking of a number from 1 to "
+                                          f"{10 + i % 90}. Answer with GUESS: followed by a number."}]
+    for _ in range(rng.randint(0, max_exchanges)):
+        prefix += [{"role": "assistant", "content": f"GUESS: {rng.randint(1, 100)}"},
+                   {"role": "user", "content": " ".join(rng.choices(FEEDBACK, k=rng.randint(1, 3)))}]
+    return prefix
+
+
+def make_candidate(rng: random.Random) -> str:
+    return f"GUESS: {rng.randint(1, 100)}" + " because it is halfway" * rng.randint(0, 2)
+
+
 def make_pairs(n: int, max_exchanges: int, seed: int = 0) -> list[tuple[list[dict], str]]:
-    """``n`` branch-point-like pairs with 0 to ``max_exchanges`` earlier exchanges each."""
+    """``n`` pairs, each with a prefix of its own."""
+    rng = random.Random(seed)
+    return [(make_prefix(i, rng, max_exchanges), make_candidate(rng)) for i in range(n)]
+
+
+def make_best_of_n(n_prefixes: int, n_candidates: int, max_exchanges: int,
+                   seed: int = 0) -> list[tuple[list[dict], str]]:
+    """``n_candidates`` candidates of different lengths for each of ``n_prefixes`` prefixes, in order."""
     rng = random.Random(seed)
     pairs = []
-    for i in range(n):
-        prefix = [{"role": "user", "content": f"Let us play a game, round {i}. I am thinking of a number from 1 to "
-                                              f"{10 + i % 90}. Answer with GUESS: followed by a number."}]
-        for turn in range(rng.randint(0, max_exchanges)):
-            prefix += [{"role": "assistant", "content": f"GUESS: {rng.randint(1, 100)}"},
-                       {"role": "user", "content": " ".join(rng.choices(FEEDBACK, k=rng.randint(1, 3)))}]
-        pairs.append((prefix, f"GUESS: {rng.randint(1, 100)}" + " because it is halfway" * rng.randint(0, 2)))
+    for i in range(n_prefixes):
+        prefix = make_prefix(i, rng, max_exchanges)
+        pairs += [(prefix, make_candidate(rng) + " and then" * k) for k in range(n_candidates)]
     return pairs
 
 
@@ -52,36 +74,54 @@ def timed(fn, pairs) -> tuple[float, list[float]]:
     return time.perf_counter() - start, scores
 
 
-def bench_model(scorer: PRMScorer, args, n_pairs: int) -> None:
+def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats: int) -> None:
+    """The three ways on ``pairs``, interleaved, the best of ``repeats`` runs each."""
+    lengths = [len(encode_pair(full.tokenizer, prefix, candidate, full.cfg.chat_template_kwargs,
+                               full.max_length)[0]) for prefix, candidate in pairs]
+    tokens = sum(lengths)
+    ways = {"(a) one pair at a time": lambda ps: [full.score([pair])[0] for pair in ps],
+            "(b) batched, length-sorted": full.score,
+            "(c) batched, shared prefixes": shared.score}
+    runs = {way: [] for way in ways}
+    before = shared.stats.shared_tokens
+    for _ in range(repeats):
+        for way, fn in ways.items():
+            runs[way].append(timed(fn, pairs))
+    skipped = (shared.stats.shared_tokens - before) / repeats
+    print(f"\n-- {name}: {len(pairs)} pairs of {min(lengths)}-{max(lengths)} tokens (mean "
+          f"{statistics.mean(lengths):.0f}); shared prefixes skip {skipped:.0f} of {tokens} tokens "
+          f"({skipped / tokens:.0%})")
+    print(f"{'way':<30} | {'pairs/s':>8} {'tokens/s':>9} {'vs (a)':>7} {'max |score - (a)|':>18}")
+    one_by_one = runs["(a) one pair at a time"]
+    baseline = min(t for t, _ in one_by_one)
+    for way, way_runs in runs.items():
+        best = min(t for t, _ in way_runs)
+        difference = max(abs(x - y) for x, y in zip(way_runs[0][1], one_by_one[0][1]))
+        print(f"{way:<30} | {len(pairs) / best:8.1f} {tokens / best:9.0f} {baseline / best:6.2f}x {difference:18.2e}")
+
+
+def bench_model(shared: PRMScorer, args, n_prefixes: int, n_mixed: int) -> None:
     import torch
 
-    pairs = make_pairs(n_pairs, args.max_exchanges)
-    lengths = [len(encode_pair(scorer.tokenizer, prefix, candidate, scorer.cfg.chat_template_kwargs,
-                               scorer.max_length)[0]) for prefix, candidate in pairs]
-    tokens = sum(lengths)
-    print(f"\n== {scorer.cfg.short_name}: {sum(p.numel() for p in scorer.model.parameters()) / 1e6:.1f}M params, "
-          f"{torch.get_num_threads()} threads, {n_pairs} pairs of {min(lengths)}-{max(lengths)} tokens "
-          f"(mean {statistics.mean(lengths):.0f}), token budget {scorer.token_budget}, "
-          f"best of {args.repeats} interleaved runs")
-    one_by_one = lambda ps: [scorer.score([pair])[0] for pair in ps]   # noqa: E731
-    scorer.score(pairs[:4])          # warm up (first calls allocate, load kernels)
-    batched_runs, single_runs = [], []
-    for _ in range(args.repeats):
-        batched_runs.append(timed(scorer.score, pairs))
-        single_runs.append(timed(one_by_one, pairs))
-    batched = min(t for t, _ in batched_runs)
-    single = min(t for t, _ in single_runs)
-    difference = max(abs(a - b) for a, b in zip(batched_runs[0][1], single_runs[0][1]))
-    print(f"{'mode':<28} | {'pairs/s':>8} {'tokens/s':>9}")
-    print(f"{'batched, length-sorted':<28} | {n_pairs / batched:8.1f} {tokens / batched:9.0f}")
-    print(f"{'one pair at a time':<28} | {n_pairs / single:8.1f} {tokens / single:9.0f}")
-    print(f"ratio batched / one at a time: {single / batched:.2f}x; largest score difference {difference:.2e}")
+    full = PRMScorer(shared.cfg, max_length=shared.max_length, token_budget=shared.token_budget,
+                     tokenizer=shared.tokenizer, model=shared.model, share_prefixes=False)
+    print(f"\n== {shared.cfg.short_name}: {sum(p.numel() for p in shared.model.parameters()) / 1e6:.1f}M params, "
+          f"{torch.get_num_threads()} threads, token budget {shared.token_budget}, best of {args.repeats} "
+          f"interleaved runs; prefix sharing {'on' if shared.share_prefixes else 'unsupported: (c) = (b)'}")
+    best_of_n = make_best_of_n(n_prefixes, args.candidates, args.max_exchanges)
+    shared.score(best_of_n[:8])            # warm up (first calls allocate, load kernels)
+    full.score(best_of_n[:8])
+    bench_workload(f"best-of-{args.candidates}", best_of_n, shared, full, args.repeats)
+    bench_workload("mixed", make_pairs(n_mixed, args.max_exchanges), shared, full, args.repeats)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=256, help="pairs scored per run (tiny model)")
+    parser.add_argument("--prefixes", type=int, default=64, help="best-of-N prefixes (tiny model)")
+    parser.add_argument("--candidates", type=int, default=4, help="candidates per best-of-N prefix")
+    parser.add_argument("--pairs", type=int, default=256, help="mixed pairs (tiny model)")
     parser.add_argument("--smollm2", action="store_true", help="also benchmark embedded:smollm2-135m-instruct")
+    parser.add_argument("--smollm2-prefixes", type=int, default=16)
     parser.add_argument("--smollm2-pairs", type=int, default=64)
     parser.add_argument("--adapter", default=None, help="a trained PRM adapter folder (for the first model)")
     parser.add_argument("--max-exchanges", type=int, default=3,
@@ -94,16 +134,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args()
-    runs = [("tiny:0", args.pairs)] + ([("embedded:smollm2-135m-instruct", args.smollm2_pairs)] if args.smollm2 else [])
+    runs = [("tiny:0", args.prefixes, args.pairs)]
+    if args.smollm2:
+        runs.append(("embedded:smollm2-135m-instruct", args.smollm2_prefixes, args.smollm2_pairs))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"(the machine has {os.cpu_count()} cores; other processes distort absolute figures, less so ratios)")
-    for i, (spec, n_pairs) in enumerate(runs):
+    for i, (spec, n_prefixes, n_mixed) in enumerate(runs):
         start = time.perf_counter()
         cfg = ModelConfig(spec=spec, threads=args.threads, cache_dir=args.cache_dir,
                           adapter=args.adapter if i == 0 else None)
         scorer = PRMScorer(cfg, max_length=args.max_length, token_budget=args.token_budget)
         print(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
-        bench_model(scorer, args, n_pairs)
+        bench_model(scorer, args, n_prefixes, n_mixed)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

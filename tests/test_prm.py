@@ -87,6 +87,25 @@ def test_micro_batches_are_length_sorted_under_the_budget():
     assert [lengths[i] for batch in batches for i in batch] == sorted(lengths, reverse=True)
 
 
+def test_shared_prefix_groups_keep_a_token_of_each_pair_and_a_minimum_length():
+    assert prm.common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert prm.common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2                  # identical: the last token stays
+    assert prm.common_prefix_length([[1, 2], [9, 2]]) == 0
+    base = list(range(100, 100 + prm.MIN_SHARED_TOKENS))
+    sequences = [base + [1], base + [2, 3], base[1:] + [4], [7] * 30, base + [5]]
+    groups, alone = prm.shared_prefix_groups(sequences, keys=["a", "a", "b", "c", "a"])
+    assert [(g.shared, g.rows, g.longest) for g in groups] == [(len(base), [0, 1, 4], len(base) + 2)]
+    assert alone == [2, 3]                                                       # a key's only pair
+    groups, alone = prm.shared_prefix_groups(sequences, keys=["a", "a", "a", "b", "b"])
+    assert groups == [] and alone == [0, 1, 2, 3, 4]     # a shifted start (left truncation) shares nothing
+    assert prm.shared_prefix_groups(sequences, keys=None) == ([], [0, 1, 2, 3, 4])
+    groups = [prm.PrefixGroup(shared, [0, 1], shared + 10) for shared in (20, 50, 40)]
+    assert [[g.shared for g in batch] for batch in prm.group_batches(groups, 100)] == [[50, 40], [20]]
+    assert [[g.shared for g in batch] for batch in prm.group_batches(groups, 1000)] == [[50, 40, 20]]
+    many_rows = [prm.PrefixGroup(20, list(range(8)), 40), prm.PrefixGroup(18, [0, 1], 38)]
+    assert len(prm.group_batches(many_rows, 100)) == 2                   # 10 suffixes of 20 tokens: over budget
+
+
 def test_metric_functions():
     assert prm.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
     assert prm.pearson([1, 1, 1], [0, 1, 0]) is None                    # a constant side
@@ -212,6 +231,48 @@ def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     assert single.stats.pairs == len(pairs)
     assert torch.allclose(torch.tensor(batched), torch.tensor(alone), atol=1e-5, rtol=0)
     assert single.score(pairs[:1] + pairs[:1])[0] == pytest.approx(alone[0], abs=1e-5)
+
+
+def best_of_n_pairs() -> list[tuple[list[dict], str]]:
+    """Prefixes of different lengths with four candidates of different lengths each, a pair alone and a pair twice."""
+    pairs = []
+    for n, row in enumerate(synthetic_rows()[::7]):
+        prefix = row["prefix"] + [{"role": "assistant", "content": "I say river"},
+                                  {"role": "user", "content": "Wrong. " * (3 * n) + "Again."}]
+        pairs += [(prefix, f"I say {WORDS[k]}" + f" {MARKER}" * k) for k in range(4)]
+    return pairs + [(pairs[0][0] + [{"role": "user", "content": "Alone."}], "I say tree")] + pairs[:1]
+
+
+def test_shared_prefixes_give_the_full_sequence_scores(trained):
+    """Scores with shared prefixes equal full-sequence scores: across micro-batches (a small budget), with pairs
+    alone, duplicates (a one-token suffix) and left truncation (a 40-token limit shifts the starts)."""
+    scorer = trained["scorer"]
+    pairs = best_of_n_pairs()
+    for max_length, token_budget in ((1024, 4096), (1024, 300), (40, 4096)):
+        shared = prm.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
+                               tokenizer=scorer.tokenizer, model=scorer.model)
+        full = prm.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
+                             tokenizer=scorer.tokenizer, model=scorer.model, share_prefixes=False)
+        assert shared.share_prefixes and not full.share_prefixes
+        with_sharing, without = shared.score(pairs), full.score(pairs)
+        assert torch.allclose(torch.tensor(with_sharing), torch.tensor(without), atol=1e-5, rtol=0), max_length
+        assert full.stats.shared_tokens == 0
+        if max_length > 40:                                      # most tokens are prefix tokens, computed once
+            assert shared.stats.shared_tokens > shared.stats.tokens // 2
+    assert shared.stats.truncated == full.stats.truncated > 0
+
+
+def test_a_model_without_a_shareable_cache_scores_in_full(trained, monkeypatch, caplog):
+    scorer = trained["scorer"]
+    monkeypatch.setattr(prm, "prefix_sharing_problem", lambda model: "cache layers SomeLayer")
+    with caplog.at_level("INFO", logger="clemprm.prm"):
+        fallback = prm.PRMScorer(scorer.cfg, tokenizer=scorer.tokenizer, model=scorer.model)
+        pairs = best_of_n_pairs()
+        scores = fallback.score(pairs) + fallback.score(pairs)
+    assert not fallback.share_prefixes and fallback.stats.shared_tokens == 0
+    assert [r.getMessage() for r in caplog.records if "without shared prefixes" in r.getMessage()] == [
+        f"prm {scorer.cfg.short_name}: every pair scored in full, without shared prefixes: cache layers SomeLayer"]
+    assert scores == pytest.approx(scorer.score(pairs) * 2, abs=1e-5)
 
 
 def test_truncation_keeps_the_end(trained):

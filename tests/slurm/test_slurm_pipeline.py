@@ -4,7 +4,7 @@ The profile is profiles/slurm with only the cluster-specific values swapped (tes
 by scripts/install_profile.sh and named exactly as users type it. Checks: every rule ran as a SLURM job, the
 GPU rules asked SLURM for a GPU (sbatch line and scontrol), the records equal those of a local run of the same
 config, a failing job is reported as failed (bounded by `timeout -k`, never a hang), and with `slurm-requeue` a
-job requeued mid-way is waited for and reruns to the same records.
+label shard requeued mid-way is waited for and resumes from its checkpoint to the records of an uninterrupted run.
 
 Set CLEMPRM_SLURM_ARTIFACTS=DIR to keep the sbatch lines, wall times and snakemake output there.
 """
@@ -213,36 +213,39 @@ def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile,
     print(f"\n[slurm] failing run reported after {time.monotonic() - start:.1f} s")
 
 
-def test_a_requeued_job_is_waited_for_and_reruns_to_the_same_records(runs, slurm_cluster, slurm_profile, tmp_path):
-    """`slurm-requeue`: a job SLURM requeues mid-way (as on preemption) keeps its id, Snakemake waits for it, and
-    its rule runs again from the start to the same records."""
-    work = _workdir(tmp_path / "requeue", tmp_path / "cache")
+def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm_profile, tmp_path):
+    """`slurm-requeue`: a label shard that SLURM requeues mid-way (as on preemption) keeps its job id, Snakemake waits
+    for it, and the rerun resumes from the shard's checkpoint to the records of an uninterrupted run."""
+    # one branch point per checkpointed chunk and more work per chunk: the shard is caught between two chunks
+    work = _workdir(tmp_path / "requeue", tmp_path / "cache", labels={"checkpoint_every": 1, "k": 8, "max_new_tokens": 16})
+    target = "results/labels/shards/0-of-2.parquet"
+    checkpoint = work / (target + ".ckpt")
     known = {job for job, _ in slurm_cluster.jobs()}
-    target = "results/rollouts/base_train.parquet"
     command = ["timeout", "-k", "20", str(RUN_LIMIT_S), sys.executable, "-m", "snakemake", "--snakefile",
                str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(work / "tiny.yaml"),
                "--profile", "slurm", "--slurm-requeue", target]
     log = open(tmp_path / "requeue.out", "w+")
     proc = subprocess.Popen(command, cwd=work, env=slurm_profile, stdout=log, stderr=subprocess.STDOUT)
     try:
-        def new_job(states):
-            return next(((job, state) for job, state in slurm_cluster.jobs() if job not in known and state in states),
-                        None)
-
-        def wait(condition, what, timeout_s=120):
+        def wait(condition, what, timeout_s=RUN_LIMIT_S, every_s=0.5):
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 found = condition()
                 if found:
                     return found
                 assert proc.poll() is None, f"snakemake ended while waiting for {what}"
-                time.sleep(0.5)
+                time.sleep(every_s)
             pytest.fail(f"timed out waiting for {what}")
 
-        job, _ = wait(lambda: new_job({"RUNNING"}), "the job to run")
-        time.sleep(4)  # the rule is under way
+        def shard_job(states):
+            return next((job for job, state in slurm_cluster.jobs() if job not in known and state in states
+                         and slurm_cluster.job_info(job)["Comment"] == "rule_soft_labels"), None)
+
+        job = wait(lambda: shard_job({"RUNNING"}), "the label shard to run")
+        wait(lambda: (checkpoint / "part-00000.parquet").exists(), "the shard's first checkpoint", every_s=0.05)
         slurm_cluster.run("scontrol", "requeue", job)
-        wait(lambda: new_job({"PENDING"}), "the job to be pending again")
+        assert not (work / target).exists(), "the shard finished before it could be requeued"
+        wait(lambda: shard_job({"PENDING"}), "the shard to be pending again")
         # SLURM holds a requeued job back for its credential lifetime (120 s); let it start at once
         slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
         code = proc.wait(RUN_LIMIT_S + 30)
@@ -253,8 +256,16 @@ def test_a_requeued_job_is_waited_for_and_reruns_to_the_same_records(runs, slurm
         output = log.read()
         log.close()
     assert code == 0, output[-6000:]
-    (submission,) = _submissions(output)
+    (submission,) = [s for s in _submissions(output) if s["rule"] == "soft_labels"]
     assert submission["slurm_id"] == job and "--requeue" in submission["sbatch"]
     info = slurm_cluster.job_info(job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["_text"]
-    assert _normalized_rows(work / target) == _normalized_rows(runs["local"] / target)
+    resumed = re.findall(r"(\d+) done in the checkpoint", (work / "results/logs/soft_labels/0-of-2.log").read_text())
+    assert len(resumed) == 2 and int(resumed[0]) == 0 and int(resumed[1]) >= 1, resumed  # the rerun resumed
+    assert not checkpoint.exists()
+
+    resumed_rows = _normalized_rows(work / target)
+    code, output, _ = _snakemake(work, "--cores", "2", "--forcerun", target, "--", target,
+                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})  # the same shard, uninterrupted
+    assert code == 0, output[-6000:]
+    assert _normalized_rows(work / target) == resumed_rows
