@@ -11,6 +11,7 @@ Set CLEMPRM_SLURM_ARTIFACTS=DIR to keep the sbatch lines, wall times and snakema
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -75,8 +76,9 @@ def _submissions(output: str) -> list[dict]:
     found, seen = [], {}
     for job, slurm_id, log in SUBMITTED.findall(output):
         rule = re.search(r"/rule_(\w+)/", log).group(1)
-        lines = [line for line in sbatch_lines if f"--comment rule_{rule} " in line]
-        index = seen[rule] = seen.get(rule, -1) + 1  # the k-th submission of a rule is its k-th sbatch call
+        folder = log.rsplit("/", 1)[0]  # .snakemake/slurm_logs/rule_<rule>[/<wildcards>]: one per job of a rule
+        lines = [line for line in sbatch_lines if f"--output {folder}/%j.log " in line]
+        index = seen[folder] = seen.get(folder, -1) + 1  # the k-th submission of a job is its k-th sbatch call
         found.append({"job": job, "slurm_id": slurm_id, "rule": rule, "log": log,
                       "sbatch": lines[index] if index < len(lines) else ""})
     return found
@@ -125,15 +127,17 @@ def test_every_rule_ran_as_a_slurm_job(runs, slurm_cluster):
     local_rules = set(FINISHED.findall(runs["local_output"]))
     slurm_rules = set(FINISHED.findall(runs["output"]))
     assert slurm_rules == local_rules and "base_rollouts" in local_rules
-    submitted = [s["rule"] for s in runs["submissions"]]
-    assert sorted(submitted) == sorted(local_rules - {"all"})  # each once: `all` only collects the targets
+    submitted = collections.Counter(s["rule"] for s in runs["submissions"])
+    shards = workflow_test.tiny_workflow_config("")["labels"]["shards"]
+    # each once (a job per label shard); `all` only collects the targets
+    assert submitted == {rule: shards if rule == "soft_labels" else 1 for rule in local_rules - {"all"}}
     assert "localrule all:" in runs["output"]
     if (REPO / "rules" / "sft.smk").exists():
         assert "sft_adapter" in submitted
     for s in runs["submissions"]:
         info = slurm_cluster.job_info(s["slurm_id"])
         assert info["JobState"] == "COMPLETED", info["_text"]
-        assert info["Comment"] == f"rule_{s['rule']}"
+        assert info["Comment"].startswith(f"rule_{s['rule']}")  # + "_wildcards_<values>" for a label shard
         assert info["Partition"] == slurm_cluster.partition
         assert Path(s["log"]).is_file()  # the job's SLURM log (kept by the test profile)
         assert s["sbatch"].startswith("sbatch "), s
@@ -201,7 +205,8 @@ def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile,
     failed = [s for s in submissions if s["rule"] == "base_rollouts"]
     retries = load_profile().get("retries", 0)
     assert len(failed) == 1 + retries, output[-6000:]  # the profile's retries: resubmitted, failed again
-    assert not [s for s in submissions if s["rule"] != "base_rollouts"]  # nothing downstream was submitted
+    # nothing downstream was submitted (greedy_base plays the base model on its own: it fails the same way)
+    assert {s["rule"] for s in submissions} <= {"base_rollouts", "greedy_base"}
     for attempt, s in enumerate(failed, start=1):
         assert f"SLURM-job '{s['slurm_id']}' failed" in output
         assert f"--mem {1000 * attempt} " in s["sbatch"]  # the profile's `mem_mb: ... * attempt`
@@ -239,7 +244,7 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
 
         def shard_job(states):
             return next((job for job, state in slurm_cluster.jobs() if job not in known and state in states
-                         and slurm_cluster.job_info(job)["Comment"] == "rule_soft_labels"), None)
+                         and slurm_cluster.job_info(job)["Comment"].startswith("rule_soft_labels_")), None)
 
         job = wait(lambda: shard_job({"RUNNING"}), "the label shard to run")
         wait(lambda: (checkpoint / "part-00000.parquet").exists(), "the shard's first checkpoint", every_s=0.05)
@@ -260,8 +265,9 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
     assert submission["slurm_id"] == job and "--requeue" in submission["sbatch"]
     info = slurm_cluster.job_info(job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["_text"]
+    # the restarted job's log (Snakemake starts a job's log afresh): it resumed from the checkpoint
     resumed = re.findall(r"(\d+) done in the checkpoint", (work / "results/logs/soft_labels/0-of-2.log").read_text())
-    assert len(resumed) == 2 and int(resumed[0]) == 0 and int(resumed[1]) >= 1, resumed  # the rerun resumed
+    assert resumed and int(resumed[-1]) >= 1, resumed
     assert not checkpoint.exists()
 
     resumed_rows = _normalized_rows(work / target)
