@@ -96,12 +96,20 @@ class Episode:
 
     def fork(self, episode_id: str | None = None, seed: int | None = None) -> "Episode":
         """An independent copy of this game at its current turn (the models are shared, not copied)."""
-        shared = {id(self.benchmark): self.benchmark, id(self.benchmark.game_spec): self.benchmark.game_spec}
-        env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns), shared)
+        env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns), self._shared_objects())
         clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
                         env, recorder, self.benchmark)
         clone.turns, clone.error, clone.pending = turns, self.error, self.pending
         return clone
+
+    def _shared_objects(self) -> dict:
+        """The deep-copy memo of a fork: what forks share instead of copying. The benchmark, and the env's
+        gymnasium spaces, which are fixed once the game is set up and, holding random generators, were the
+        costliest part of copying an env."""
+        static = [self.benchmark, self.benchmark.game_spec] + [
+            getattr(self.env, name, None)
+            for name in ("observation_spaces", "action_spaces", "_observation_space", "_action_space")]
+        return {id(obj): obj for obj in static if obj is not None}
 
     def drain_finished_agents(self) -> None:
         """Step terminated agents out (PettingZoo's final None step) until a live agent moves or none is left."""

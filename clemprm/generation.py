@@ -631,13 +631,12 @@ class PolicyModel(_backends.BatchGenerativeModel):
 
         out: list[Generation | None] = [None] * n
         prompts, texts, todo = {}, {}, []
-        for i, messages in enumerate(perspectives):
-            try:
-                text = self.render(messages)
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            except Exception as error:  # e.g. a template that rejects the messages
-                out[i] = Generation("", "", 0, 0, error=f"{type(error).__name__}: {error}", finish_reason="error")
+        encoded = self._encode(perspectives)
+        for i, text_ids in enumerate(encoded):
+            if isinstance(text_ids, Exception):  # e.g. a template that rejects the messages
+                out[i] = Generation("", "", 0, 0, error=f"{type(text_ids).__name__}: {text_ids}", finish_reason="error")
                 continue
+            text, ids = text_ids
             if len(ids) > self.cfg.max_context_tokens:
                 out[i] = Generation("", "", len(ids), 0, finish_reason="error",
                                     error=f"context too long: {len(ids)} > {self.cfg.max_context_tokens} tokens")
@@ -662,6 +661,23 @@ class PolicyModel(_backends.BatchGenerativeModel):
         self.stats.errors += sum(g.error is not None for g in out)
         self.stats.seconds += time.perf_counter() - start
         return out, texts
+
+    def _encode(self, perspectives: list[list[dict]]) -> list:
+        """``(prompt text, token ids)`` per message list, or the exception its rendering raised. Identical message
+        lists (N candidates of one turn, K forks of one state) are rendered once; all are tokenised in one call."""
+        rendered: dict[tuple, object] = {}
+        for messages in perspectives:
+            key = tuple((m["role"], m["content"]) for m in messages)
+            if key not in rendered:
+                try:
+                    rendered[key] = self.render(messages)
+                except Exception as error:
+                    rendered[key] = error
+        texts = [(key, text) for key, text in rendered.items() if isinstance(text, str)]
+        ids = self.tokenizer([text for _, text in texts], add_special_tokens=False)["input_ids"] if texts else []
+        by_key = {key: (text, row_ids) for (key, text), row_ids in zip(texts, ids)}
+        return [by_key.get(key, rendered[key]) for key in
+                (tuple((m["role"], m["content"]) for m in messages) for messages in perspectives)]
 
     @augment_response_object
     def generate_batch_response(self, batch_messages: list[list[dict]]) -> list[tuple[Any, Any, str]]:
