@@ -318,14 +318,21 @@ class RolloutEngine:
             self.apply(episode, Generation(text=text, raw_text=text, prompt_tokens=0, new_tokens=0))
         return episode
 
+    def start_all(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int,
+                  stage: str) -> list[Episode]:
+        """Every instance ``repeats`` times, as episodes ``<game>/<experiment>/<game_id>/<repeat>`` seeded from
+        ``(base_seed, stage, episode id)``: runs of one stage pair episode by episode whatever model plays."""
+        episodes = []
+        for instance in instances:
+            game, experiment, game_id = instance.key
+            for repeat in range(repeats):
+                episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
+                episodes.append(self.start(instance, models, episode_id, derive_seed(base_seed, stage, episode_id)))
+        return episodes
+
     def play(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,
              policy_name: str) -> list[dict]:
         """Play every instance ``repeats`` times and return the episode records."""
-        episodes = []
-        for instance in instances:
-            for repeat in range(repeats):
-                game, experiment, game_id = instance.key
-                episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
-                episodes.append(self.start(instance, models, episode_id, derive_seed(base_seed, stage, episode_id)))
+        episodes = self.start_all(instances, models, repeats=repeats, base_seed=base_seed, stage=stage)
         self.run(episodes, label=stage)
         return [episode.record(policy_name, self.sampling) for episode in episodes]

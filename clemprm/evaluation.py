@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from clemprm import records
-from clemprm.catalog import GameCatalog, Instance
+from clemprm.catalog import GameCatalog
 from clemprm.config import provenance
 from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
 from clemprm.labels import sft_policy_settings
@@ -60,18 +60,6 @@ def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
     if mode in PRM_MODES:
         return Sampling(eval_settings["temperature"], eval_settings["top_p"], eval_settings["max_new_tokens"])
     return Sampling(0.0, 1.0, eval_settings["max_new_tokens"])
-
-
-def start_episodes(engine: RolloutEngine, instances: list[Instance], policy, repeats: int,
-                   base_seed: int) -> list[Episode]:
-    """Every instance ``repeats`` times; the seeds do not depend on the mode, so modes pair episode by episode."""
-    episodes = []
-    for instance in instances:
-        game, experiment, game_id = instance.key
-        for repeat in range(repeats):
-            episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
-            episodes.append(engine.start(instance, [policy], episode_id, derive_seed(base_seed, "eval", episode_id)))
-    return episodes
 
 
 def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
@@ -129,7 +117,9 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     log.info("eval %s: %d %s instances x %d episodes, policy %s", mode, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
     start = time.perf_counter()
-    episodes = start_episodes(engine, instances, policy, eval_settings["episodes_per_instance"], settings["seed"])
+    # one stage name for every mode: the same episode seeds, so modes pair episode by episode
+    episodes = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"],
+                                base_seed=settings["seed"], stage="eval")
     episodes, costs = play(mode, engine, episodes, prm, eval_settings)
     seconds = time.perf_counter() - start
     rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,

@@ -665,9 +665,9 @@ class PolicyModel(_backends.BatchGenerativeModel):
     def _encode(self, perspectives: list[list[dict]]) -> list:
         """``(prompt text, token ids)`` per message list, or the exception its rendering raised. Identical message
         lists (N candidates of one turn, K forks of one state) are rendered once; all are tokenised in one call."""
+        keys = [tuple((m["role"], m["content"]) for m in messages) for messages in perspectives]
         rendered: dict[tuple, object] = {}
-        for messages in perspectives:
-            key = tuple((m["role"], m["content"]) for m in messages)
+        for key, messages in zip(keys, perspectives):
             if key not in rendered:
                 try:
                     rendered[key] = self.render(messages)
@@ -676,8 +676,7 @@ class PolicyModel(_backends.BatchGenerativeModel):
         texts = [(key, text) for key, text in rendered.items() if isinstance(text, str)]
         ids = self.tokenizer([text for _, text in texts], add_special_tokens=False)["input_ids"] if texts else []
         by_key = {key: (text, row_ids) for (key, text), row_ids in zip(texts, ids)}
-        return [by_key.get(key, rendered[key]) for key in
-                (tuple((m["role"], m["content"]) for m in messages) for messages in perspectives)]
+        return [by_key.get(key, rendered[key]) for key in keys]
 
     @augment_response_object
     def generate_batch_response(self, batch_messages: list[list[dict]]) -> list[tuple[Any, Any, str]]:

@@ -48,7 +48,6 @@ import dataclasses
 import json
 import logging
 import math
-import random
 import shutil
 import tempfile
 import time
@@ -58,7 +57,8 @@ from pathlib import Path
 from clemprm import records
 from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
 from clemprm.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
-                         normalise, progress_callback, save_adapter, split_instances)
+                         lora_config, normalise, progress_callback, sample_at_most, save_adapter,
+                         split_instances)
 
 log = logging.getLogger(__name__)
 
@@ -377,10 +377,6 @@ def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_
                     label=float(row["label"]), key=instance_key(row)) for row in rows]
 
 
-def _sample(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
-    return random.Random(seed).sample(examples, limit) if limit is not None and len(examples) > limit else examples
-
-
 # ------------------------------------------------------------------------------------------- metrics
 
 
@@ -477,14 +473,6 @@ def baseline_metrics(train: list[Example], sides: dict[str, list[Example]]) -> d
 def effective_grad_accum(batch_size: int, grad_accum: int, n_train: int) -> int:
     """``grad_accum``, capped at the batches of one epoch so that every epoch makes at least one optimizer step."""
     return max(1, min(grad_accum, math.ceil(n_train / batch_size)))
-
-
-def _lora_config(prm: dict):
-    from peft import LoraConfig
-
-    lora = prm["lora"]
-    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
-                      target_modules=lora["target_modules"], task_type="SEQ_CLS")
 
 
 def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
@@ -624,12 +612,12 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
     if device == "cpu":
         keep_4bit_differentiable(model)
-    model = get_peft_model(model, _lora_config(prm))
+    model = get_peft_model(model, lora_config(prm["lora"], "SEQ_CLS"))
 
     examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"])
     validation_keys = split_instances([e.key for e in examples], prm["validation_fraction"], seed)
-    train = _sample([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
-    validation = _sample([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
+    train = sample_at_most([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
+    validation = sample_at_most([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
     log.info("prm data: %d branch points from %s (%d truncated to %d tokens); train %d pairs on %d instances, "
              "validation %d pairs on %d instances", len(examples), labels_path, sum(e.truncated for e in examples),
              prm["max_length"], len(train), len({e.key for e in train}), len(validation), len(validation_keys))

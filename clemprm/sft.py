@@ -241,12 +241,17 @@ def _as_dataset(examples: list[Example]):
     })
 
 
-def _lora_config(sft: dict):
+def lora_config(lora: dict, task_type: str):
+    """The PEFT LoRA config of a stage's ``lora`` section (``CAUSAL_LM`` for SFT, ``SEQ_CLS`` for the PRM)."""
     from peft import LoraConfig
 
-    lora = sft["lora"]
     return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
-                      target_modules=lora["target_modules"], task_type="CAUSAL_LM")
+                      target_modules=lora["target_modules"], task_type=task_type)
+
+
+def sample_at_most(examples: list, limit: int | None, seed: int) -> list:
+    """At most ``limit`` of ``examples`` (all when ``limit`` is None), drawn by ``seed``."""
+    return random.Random(seed).sample(examples, limit) if limit is not None and len(examples) > limit else examples
 
 
 def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_validation: bool):
@@ -428,10 +433,8 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     train = [e for e in examples if e.key not in validation_keys]
     validation = [e for e in examples if e.key in validation_keys]
     available = len(train)
-    if sft["max_examples"] is not None and len(train) > sft["max_examples"]:
-        train = random.Random(seed).sample(train, sft["max_examples"])
-    if sft["max_examples"] is not None and len(validation) > sft["max_examples"]:
-        validation = random.Random(seed + 1).sample(validation, sft["max_examples"])
+    train = sample_at_most(train, sft["max_examples"], seed)
+    validation = sample_at_most(validation, sft["max_examples"], seed + 1)
     log.info("sft data: %d pairs (%d shortened, %d too long even shortened) from %s; train %d of %d pairs on "
              "%d instances, validation %d pairs on %d instances", len(examples), sum(e.shortened > 0 for e in examples),
              too_long, {k: len(v) for k, v in rows.items()}, len(train), available, len({e.key for e in train}),
@@ -461,7 +464,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             # nothing to learn from (e.g. a base policy without wins): an untrained adapter (LoRA B = 0) is
             # exactly the base policy, so downstream stages still run; the metrics say so.
             log.warning("sft: no training examples; writing an untrained adapter (identical to the base policy)")
-            peft_model = model if cfg.adapter else get_peft_model(model, _lora_config(sft))
+            peft_model = model if cfg.adapter else get_peft_model(model, lora_config(sft["lora"], "CAUSAL_LM"))
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, eval_token_accuracy=None, history=[])
         else:
@@ -473,7 +476,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             trainer = SFTTrainer(
                 model=model, args=args, train_dataset=_as_dataset(train),
                 eval_dataset=_as_dataset(validation) if validation else None, processing_class=tokenizer,
-                peft_config=None if cfg.adapter else _lora_config(sft), callbacks=callbacks)
+                peft_config=None if cfg.adapter else lora_config(sft["lora"], "CAUSAL_LM"), callbacks=callbacks)
             trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
             if device == "cpu":  # TRL casts QLoRA adapters to bf16: on CPU keep them fp32 (bf16 is slow there)
                 for param in trainer.model.parameters():
