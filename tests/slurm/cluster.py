@@ -6,7 +6,7 @@ the machine, and two clusters (two test sessions) can run side by side. Clients 
 environment in :attr:`Cluster.env` (``SLURM_CONF``).
 
 No slurmdbd: ``sacct`` fails on this cluster, so the SLURM executor must query job status with ``squeue``
-(``slurm-status-command: squeue``), which MinJobAge (300 s here) keeps reliable.
+(``slurm-status-command: squeue``), which MinJobAge (3600 s here: the tests read every job of a pipeline run after it ended) keeps reliable.
 
 Each daemon runs in the foreground under ``timeout -k`` (so a test session killed hard cannot leave it
 running past ``lifetime_s``) and is stopped by the PID this module started, never by name.
@@ -129,7 +129,7 @@ class Cluster:
     """One SLURM controller + one node with ``cpus`` CPUs, ``memory_mb`` MB and one fake GPU (gres ``gpu:1``)."""
 
     def __init__(self, root: str | Path, partition: str = "clemprm", cpus: int | None = None,
-                 memory_mb: int = 4000, min_job_age_s: int = 300, lifetime_s: int = 3600):
+                 memory_mb: int = 4000, min_job_age_s: int = 3600, lifetime_s: int = 3600):
         self.root = Path(root).resolve()
         self.partition = partition
         self.cpus = cpus or os.cpu_count() or 1

@@ -60,7 +60,7 @@ def derive_test_profile(dest: Path, partition: str, profile: dict | None = None)
     derived["set-resources"] = {rule: shrink(dict(res), is_gpu_request(res))
                                 for rule, res in (profile.get("set-resources") or {}).items()}
     derived.update({
-        # no slurmdbd on the test cluster: sacct fails, squeue works (MinJobAge 300 s)
+        # no slurmdbd on the test cluster: sacct fails, squeue works (MinJobAge 3600 s)
         "slurm-status-command": "squeue",
         "slurm-init-seconds-before-status-checks": 2,
         "seconds-between-status-checks": 2,
