@@ -456,17 +456,21 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     """THE model loader: ``(tokenizer, model)`` for ``task`` "causal-lm" (policy) or "seq-cls" (PRM, one logit).
 
     Applies threads, dtype (auto: fp32 on CPU, bf16 on CUDA), quantization (auto: NF4 double-quant with bf16
-    compute on CUDA, none on CPU; ``nf4`` on CPU computes in fp32), a distinct pad token, and the adapter
-    (``PeftModel``, trainable if ``for_training``). Quantized models loaded ``for_training`` go through
-    ``peft.prepare_model_for_kbit_training`` (without gradient checkpointing: the trainer decides that).
+    compute on CUDA, none on CPU; ``nf4`` on CPU computes in fp32), a distinct pad token, the adapter
+    (``PeftModel``, trainable if ``for_training``) and the CPU Gated-DeltaNet kernel (:mod:`clemprm.gated_delta`).
+    Quantized models loaded ``for_training`` go through ``peft.prepare_model_for_kbit_training`` (without
+    gradient checkpointing: the trainer decides that).
     Inference models are returned in eval mode.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    from clemprm import gated_delta
+
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     apply_threads(cfg)
+    gated_delta.install()
     device = _device()
     path = resolve_model_dir(cfg)
     dtype = resolve_dtype(cfg, device)

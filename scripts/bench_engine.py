@@ -4,12 +4,16 @@
 
 Plays the same episodes (distinct guessnumber + oddoneout instances, greedy decoding) three ways, side by
 side in one run, and prints episodes/s of each and the ratios. Greedy decoding makes the three runs play
-the same games, which the script checks (identical responses).
+the same games, which the script checks (identical responses). The engine plays all episodes in one run, as
+the pipeline's stages do; clemcore's runners play one game at a time (their API takes one game). Each runner
+is timed ``--repeats`` times, the runners interleaved, and the median is reported (a run takes well under a
+second, so one timing is noisy).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from clemprm.catalog import GameCatalog
@@ -28,6 +32,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default): greedy, so all runners play identical games (checked)")
     parser.add_argument("--batch-size", type=int, default=64, help="clemcore batchwise runner batch size")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per runner (the median is reported)")
     args = parser.parse_args()
 
     games = load_config(overrides={"games": {"builtin": ["guessnumber", "oddoneout"],
@@ -47,23 +52,30 @@ def main() -> None:
         engine.play(game_instances[:4], [policy], repeats=1, base_seed=0, stage="warmup", policy_name=policy.name)
         run_clemcore("sequential", catalog.benchmarks[game], game_instances[:4], policy)
 
-    timings, responses = {}, {}
-    start = time.perf_counter()
-    rows = [row for game, game_instances in instances.items()
-            for row in engine.play(game_instances, [policy], repeats=1, base_seed=0, stage="bench",
-                                   policy_name=policy.name)]
-    timings["engine"] = time.perf_counter() - start
-    responses["engine"] = [[turn["response"] for turn in row["turns"]] for row in rows]
-    for runner in ("batchwise", "sequential"):
-        start = time.perf_counter()
-        episodes = [episode for game, game_instances in instances.items()
-                    for episode in run_clemcore(runner, catalog.benchmarks[game], game_instances, policy,
-                                                batch_size=args.batch_size)]
-        timings[runner] = time.perf_counter() - start
-        responses[runner] = [episode.responses for episode in episodes]
+    all_instances = [instance for game_instances in instances.values() for instance in game_instances]
+
+    def engine_run():
+        rows = engine.play(all_instances, [policy], repeats=1, base_seed=0, stage="bench", policy_name=policy.name)
+        return [[turn["response"] for turn in row["turns"]] for row in rows]
+
+    def clemcore_run(runner):
+        return [episode.responses for game, game_instances in instances.items()
+                for episode in run_clemcore(runner, catalog.benchmarks[game], game_instances, policy,
+                                            batch_size=args.batch_size)]
+
+    runs = {"engine": engine_run, "batchwise": lambda: clemcore_run("batchwise"),
+            "sequential": lambda: clemcore_run("sequential")}
+    samples, responses = {name: [] for name in runs}, {}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            responses[name] = run()
+            samples[name].append(time.perf_counter() - start)
+    timings = {name: statistics.median(values) for name, values in samples.items()}
 
     for name, seconds in timings.items():
-        print(f"{name:>10}: {seconds:7.1f} s  {n_episodes / seconds:7.2f} episodes/s")
+        print(f"{name:>10}: {seconds:7.3f} s  {n_episodes / seconds:7.2f} episodes/s  (median of {args.repeats}; "
+              f"range {min(samples[name]):.3f}-{max(samples[name]):.3f} s)")
     print(f"engine vs sequential: {timings['sequential'] / timings['engine']:.1f}x faster")
     print(f"engine vs batchwise:  {timings['batchwise'] / timings['engine']:.2f}x faster")
     for runner in ("sequential", "batchwise"):

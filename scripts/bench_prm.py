@@ -10,9 +10,10 @@ beam search score them. ``mixed``: pairs with prefixes of their own (nothing to 
 evaluation sides look. A prefix looks like a branch point of the built-in games: a game prompt, 0-3 earlier
 exchanges (``--max-exchanges``); a candidate is a short answer (about 60-230 tokens a pair).
 
-Default: the tiny model (``tiny:0``) at 1 thread; ``--smollm2`` adds the embedded SmolLM2 (fewer pairs).
-On CPU a long pair is already a large matrix product, and the tiny Qwen3.5's Gated-DeltaNet layers run
-transformers' reference PyTorch kernel, whose cost grows with batch x length: batching alone gains most on short
+Default: the tiny model (``tiny:0``) at 2 threads (as config.yaml); ``--smollm2`` adds the embedded SmolLM2
+(fewer pairs).
+On CPU a long pair is already a large matrix product, and the tiny Qwen3.5's Gated-DeltaNet layers (even with
+clemprm.gated_delta's kernel) cost about the same per token at any batch size: batching alone gains most on short
 pairs and on GPUs, sharing gains on every device in proportion to the prefix tokens it skips.
 ``--adapter DIR`` scores with a trained PRM adapter (the scores, not the speed, depend on it).
 
@@ -126,8 +127,8 @@ def main() -> None:
     parser.add_argument("--adapter", default=None, help="a trained PRM adapter folder (for the first model)")
     parser.add_argument("--max-exchanges", type=int, default=3,
                         help="earlier (answer, feedback) exchanges per prefix: 0 to this many (built-in games: 0-3)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (on a busy 2-core machine 2 threads slow small batches down most)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (default: config.yaml's model.threads; on a busy machine use 1)")
     parser.add_argument("--token-budget", type=int, default=2048,
                         help="padded tokens per forward pass (prm.score_batch_tokens)")
     parser.add_argument("--max-length", type=int, default=1024)

@@ -1,0 +1,89 @@
+"""The CPU Gated-DeltaNet kernel against transformers' reference: outputs, final states, gradients, a whole model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers.models.qwen3_5.modeling_qwen3_5 as qwen3_5  # noqa: E402
+
+from clemprm import gated_delta  # noqa: E402
+from clemprm.models import ModelConfig, load_tokenizer_and_model  # noqa: E402
+
+gated_delta.install()
+REFERENCE = qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference
+
+
+def inputs(batch, length, k_heads=2, v_heads=4, dim=16, decay_scale=1.0, seed=0, requires_grad=False):
+    """Random layer inputs; ``decay_scale`` sets how fast the state decays (log decay per token down to -scale)."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = dict(
+        query=torch.randn(batch, length, k_heads, dim, generator=gen),
+        key=torch.randn(batch, length, k_heads, dim, generator=gen),
+        value=torch.randn(batch, length, v_heads, dim, generator=gen),
+        g=-decay_scale * torch.rand(batch, length, v_heads, generator=gen),
+        beta=torch.rand(batch, length, v_heads, generator=gen))
+    if requires_grad:
+        for tensor in tensors.values():
+            tensor.requires_grad_(True)
+    return tensors
+
+
+@pytest.mark.parametrize("batch,length,decay_scale,chunk_size", [
+    (1, 5, 1.0, None),       # shorter than a chunk
+    (2, 70, 1.0, None),      # padded last chunk (8 rows)
+    (17, 100, 1.0, None),    # 68 rows: small chunks
+    (2, 130, 8.0, None),     # strong decay: exponents far below the clamp
+    (3, 64, 0.01, 64),       # almost no decay, transformers' chunk size
+])
+def test_matches_reference(batch, length, decay_scale, chunk_size):
+    x = inputs(batch, length, decay_scale=decay_scale)
+    state = torch.randn(batch, 4, 16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
+    kwargs = dict(initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    expected_out, expected_state = REFERENCE(**x, **kwargs)
+    out, final = gated_delta.chunk_gated_delta_rule(**x, chunk_size=chunk_size, **kwargs)
+    assert out.shape == expected_out.shape and out.dtype == expected_out.dtype
+    torch.testing.assert_close(out, expected_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(final, expected_state, atol=2e-5, rtol=1e-4)
+
+
+def test_no_final_state_unless_asked():
+    out, final = gated_delta.chunk_gated_delta_rule(**inputs(1, 10))
+    assert final is None and out.shape == (1, 10, 4, 16)
+
+
+def test_gradients_match_reference():
+    x_ref, x_new = inputs(2, 40, requires_grad=True), inputs(2, 40, requires_grad=True)
+    REFERENCE(**x_ref, use_qk_l2norm_in_kernel=True)[0].square().sum().backward()
+    gated_delta.chunk_gated_delta_rule(**x_new, use_qk_l2norm_in_kernel=True)[0].square().sum().backward()
+    for name in x_ref:
+        torch.testing.assert_close(x_new[name].grad, x_ref[name].grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_chunk_size_rule():
+    assert gated_delta.chunk_size_for(rows=4, head_dim=16) == gated_delta.CHUNK
+    assert gated_delta.chunk_size_for(rows=128, head_dim=16) == gated_delta.SMALL_CHUNK
+    assert gated_delta.chunk_size_for(rows=128, head_dim=128) == gated_delta.CHUNK
+
+
+def test_install_is_idempotent_and_keeps_packed_sequences_on_the_reference():
+    gated_delta.install()
+    assert qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference is REFERENCE
+    with pytest.raises(ValueError, match="packed sequences"):  # the reference's own error, not a silent result
+        qwen3_5.torch_chunk_gated_delta_rule(**inputs(1, 8), cu_seqlens=torch.tensor([0, 4, 8]))
+
+
+def test_the_loader_installs_it_and_tiny_model_logits_match_reference(test_cache_dir, monkeypatch):
+    monkeypatch.setattr(qwen3_5, "torch_chunk_gated_delta_rule", REFERENCE)
+    _, model = load_tokenizer_and_model(ModelConfig(spec="tiny:0", threads=1, cache_dir=test_cache_dir))
+    assert qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference is REFERENCE
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(0, vocab, (12, 150), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fast = model(input_ids=ids).logits
+        monkeypatch.setattr(qwen3_5, "torch_chunk_gated_delta_rule", REFERENCE)
+        slow = model(input_ids=ids).logits
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=1e-4)
