@@ -4,7 +4,7 @@ import os
 
 from snakemake.utils import min_version
 
-from clemprm.config import sections, validate_config
+from clemprm.config import eval_mode_params, sections, validate_config
 
 min_version("9.0")
 

@@ -83,6 +83,23 @@ def sections(config: dict, *names: str) -> dict:
     return sorted_dict({name: config[name] for name in names})
 
 
+# The eval keys each evaluation mode plays by. A mode rule's params hold only these (plus seed, model, games and,
+# for the PRM modes, prm): changing eval.bootstrap_samples reruns the summary alone, eval.beam_width beam_search.
+_EVAL_PLAY = ("split", "episodes_per_instance", "max_new_tokens")
+_EVAL_SAMPLING = ("n", "temperature", "top_p")
+EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
+                  "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
+                  "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation")}
+EVAL_PRM_MODES = ("best_of_n", "beam_search")
+
+
+def eval_mode_params(config: dict, mode: str) -> dict:
+    """An evaluation mode rule's ``params`` (its rerun trigger), see :data:`EVAL_MODE_KEYS`."""
+    params = sections(config, "seed", "model", "games", *(["prm"] if mode in EVAL_PRM_MODES else []))
+    params["eval"] = {key: config["eval"][key] for key in EVAL_MODE_KEYS[mode]}
+    return sorted_dict(params)
+
+
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for package in TRACKED_PACKAGES:

@@ -4,6 +4,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
 
 ``greedy_base``  the base policy (``model``), temperature 0
 ``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
+``random_of_n``  the SFT policy; the same N candidates per turn as ``best_of_n``, one played at random: the
+                 control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
 ``beam_search``  the SFT policy; beams of forked games ranked by the PRM
 
@@ -15,8 +17,8 @@ episodes), clemscore and success rate. Overall is clembench's macro average: % p
 rate are averaged over games (a game without a played episode has no quality and is left out of that mean),
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
-episodes of a drawn instance come along). Differences of every mode to ``greedy_sft`` and ``greedy_base`` use
-paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
+episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base`` and
+``random_of_n`` use paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ import pandas as pd
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
-from clemprm.config import provenance
+from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
 from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
 from clemprm.labels import sft_policy_settings
-from clemprm.search import SearchCost, greedy_cost
+from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
 from clemprm.sft import write_json
@@ -44,9 +46,10 @@ from clemprm.stages import load_policy, summarize
 
 log = logging.getLogger(__name__)
 
-MODES = ("greedy_base", "greedy_sft", "best_of_n", "beam_search")
-PRM_MODES = ("best_of_n", "beam_search")
-BASELINES = ("greedy_sft", "greedy_base")
+MODES = tuple(EVAL_MODE_KEYS)
+PRM_MODES = EVAL_PRM_MODES
+SAMPLING_MODES = ("random_of_n", *PRM_MODES)
+BASELINES = ("greedy_sft", "greedy_base", "random_of_n")
 METRICS = ("percent_played", "quality", "clemscore", "success_rate")
 OVERALL = "overall"
 SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
@@ -57,7 +60,7 @@ SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
 
 def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
     """Greedy modes decode at temperature 0; the searches sample their candidates."""
-    if mode in PRM_MODES:
+    if mode in SAMPLING_MODES:
         return Sampling(eval_settings["temperature"], eval_settings["top_p"], eval_settings["max_new_tokens"])
     return Sampling(0.0, 1.0, eval_settings["max_new_tokens"])
 
@@ -67,6 +70,11 @@ def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
     if mode == "best_of_n":
         return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling)
+    if mode == "random_of_n":
+        costs = best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
+        for cost in costs:
+            cost.prm_pairs = 0  # a random pick scores nothing
+        return episodes, costs
     if mode == "beam_search":
         return beam_search(engine, episodes, prm, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
                            iterations=eval_settings["num_beam_iterations"], sampling=engine.sampling,
@@ -95,7 +103,8 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
                   prm_adapter: str | None = None, *, policy=None, prm=None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
-    ``settings``: the rule's params (seed, model, games, eval; prm for the PRM modes). ``policy`` and ``prm``
+    ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
+    keys; prm for the PRM modes). ``policy`` and ``prm``
     replace the loaded models (tests). The parquet's provenance also holds the run: policy, PRM adapter, wall
     seconds of play, model counters.
     """
@@ -113,6 +122,8 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         from clemprm.prm import load_prm
 
         prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
+    if mode == "random_of_n":
+        prm = RandomScorer(settings["seed"])
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
     log.info("eval %s: %d %s instances x %d episodes, policy %s", mode, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)

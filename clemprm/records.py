@@ -98,7 +98,7 @@ SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
 
 # Evaluation episodes (``results/eval/<mode>.parquet``): the episode that counts, plus what its mode spent on it.
 EVAL_EPISODES = pa.schema(list(EPISODES) + [
-    ("mode", pa.string()),             # greedy_base | greedy_sft | best_of_n | beam_search
+    ("mode", pa.string()),             # greedy_base | greedy_sft | random_of_n | best_of_n | beam_search
     ("policy_tokens", pa.int64()),     # tokens the policy generated for this episode, unplayed candidates included
     ("prm_pairs", pa.int64()),         # (perspective, candidate) pairs the PRM scored (0 for greedy)
     ("search_nodes", pa.int64()),      # candidate answers generated: the search tree's nodes (greedy: one per turn)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-MODE_ORDER = ("greedy_base", "greedy_sft", "best_of_n", "beam_search")   # bars from plain play to search
+MODE_ORDER = ("greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search")   # bars from plain play to search
 SCORE_PANELS = (("percent_played", "% played"), ("quality", "quality (mean BENCH_SCORE of played)"),
                 ("clemscore", "clemscore"))
 

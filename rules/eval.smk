@@ -1,5 +1,6 @@
-# Stage 7: evaluation on eval.split, one rule per mode (greedy base and SFT policies, PRM-guided best-of-N and beam
-# search), the summary with bootstrap CIs (results/prm_eval.json), and the figures of `snakemake --report`.
+# Stage 7: evaluation on eval.split, one rule per mode (greedy base and SFT policies, the random-pick control,
+# PRM-guided best-of-N and beam search), the summary with bootstrap CIs (results/prm_eval.json), and the figures of
+# `snakemake --report`. A mode's params hold only the eval keys it plays by (clemprm.config.EVAL_MODE_KEYS).
 
 
 rule greedy_base:
@@ -9,7 +10,7 @@ rule greedy_base:
     output:
         "results/eval/greedy_base.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "eval"),
+        settings=eval_mode_params(config, "greedy_base"),
     log:
         "results/logs/greedy_base.log",
     benchmark:
@@ -28,11 +29,30 @@ rule greedy_sft:
     output:
         "results/eval/greedy_sft.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "eval"),
+        settings=eval_mode_params(config, "greedy_sft"),
     log:
         "results/logs/greedy_sft.log",
     benchmark:
         "results/benchmarks/greedy_sft.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+rule random_of_n:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+    output:
+        "results/eval/random_of_n.parquet",
+    params:
+        settings=eval_mode_params(config, "random_of_n"),
+    log:
+        "results/logs/random_of_n.log",
+    benchmark:
+        "results/benchmarks/random_of_n.tsv"
     threads: max(1, config["model"]["threads"])
     conda:
         "../envs/clemprm.yaml"
@@ -48,7 +68,7 @@ rule best_of_n:
     output:
         "results/eval/best_of_n.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "eval", "prm"),
+        settings=eval_mode_params(config, "best_of_n"),
     log:
         "results/logs/best_of_n.log",
     benchmark:
@@ -68,7 +88,7 @@ rule beam_search:
     output:
         "results/eval/beam_search.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "eval", "prm"),
+        settings=eval_mode_params(config, "beam_search"),
     log:
         "results/logs/beam_search.log",
     benchmark:

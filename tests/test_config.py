@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clemprm.config import ConfigError, load_config, provenance, sections
+from clemprm.config import EVAL_MODE_KEYS, ConfigError, eval_mode_params, load_config, provenance, sections
 
 
 def test_default_config_is_valid():
@@ -37,3 +37,17 @@ def test_provenance_names_config_and_versions():
     record = provenance({"win_filter": {"require_success": True}})
     assert record["config"] == {"win_filter": {"require_success": True}}
     assert {"clemcore", "torch", "transformers", "snakemake"} <= set(record["versions"])
+
+
+def test_eval_mode_params_hold_only_what_the_mode_plays_by():
+    config = load_config()
+    params = {mode: eval_mode_params(config, mode) for mode in EVAL_MODE_KEYS}
+    assert set(params["greedy_base"]) == {"seed", "model", "games", "eval"}
+    assert set(params["best_of_n"]) == set(params["beam_search"]) == {"seed", "model", "games", "eval", "prm"}
+    assert "random_of_n" in config["eval"]["modes"] and "prm" not in params["random_of_n"]
+    changed = load_config(overrides={"eval": {"bootstrap_samples": 7, "ci": 0.5, "modes": ["greedy_base"],
+                                              "beam_width": 3}})
+    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(changed, mode) != params[mode]} == {"beam_search"}
+    sampled = load_config(overrides={"eval": {"temperature": 0.3}})
+    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(sampled, mode) != params[mode]} == \
+        {"random_of_n", "best_of_n", "beam_search"}

@@ -52,7 +52,7 @@ def eval_run(tmp_path_factory, scripted_policy):
 
 
 def test_each_mode_writes_eval_episodes_with_costs(eval_run):
-    paths, _, _, policies = eval_run
+    paths, summary, _, policies = eval_run
     rows = {mode: records.read_records(path, records.EVAL_EPISODES) for mode, path in paths.items()}
     keys = {mode: [(r["game"], r["experiment"], r["game_id"], r["seed"]) for r in mode_rows]
             for mode, mode_rows in rows.items()}
@@ -68,9 +68,13 @@ def test_each_mode_writes_eval_episodes_with_costs(eval_run):
     for r in rows["best_of_n"]:
         assert r["search_nodes"] == 3 * r["n_turns"] and 0 < r["prm_pairs"] <= r["search_nodes"]
     assert all(r["search_nodes"] >= r["n_turns"] for r in rows["beam_search"])
-    # the PRM steers away from rule-breaking answers
+    for r in rows["random_of_n"]:
+        assert r["search_nodes"] == 3 * r["n_turns"] and r["prm_pairs"] == 0 and r["temperature"] > 0
+    # the PRM steers away from rule-breaking answers; a random pick among the same candidates does not
     aborted = {mode: sum(r["aborted"] for r in mode_rows) for mode, mode_rows in rows.items()}
     assert aborted["best_of_n"] < aborted["greedy_sft"] and aborted["beam_search"] < aborted["greedy_sft"]
+    assert aborted["best_of_n"] < aborted["random_of_n"]
+    assert summary["modes"]["random_of_n"]["prm"] is None
 
 
 def recompute(rows: list[dict]) -> dict:
@@ -109,8 +113,8 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     diff = summary["differences"]["greedy_sft"]["best_of_n"]["overall"]
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
-    assert set(summary["differences"]) == {"greedy_sft", "greedy_base"}
-    assert set(summary["differences"]["greedy_base"]) == {"greedy_sft", "best_of_n", "beam_search"}
+    assert set(summary["differences"]) == {"greedy_sft", "greedy_base", "random_of_n"}
+    assert set(summary["differences"]["greedy_base"]) == {"greedy_sft", "random_of_n", "best_of_n", "beam_search"}
 
 
 def estimates_of(node):

@@ -8,6 +8,7 @@ import pytest
 
 from clemprm.catalog import GameCatalog
 from clemprm.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.search import RandomScorer
 from clemprm.search.beam_search import Beam, beam_search
 from clemprm.search.best_of_n import best_of_n
 from tests.conftest import binary_search_answer, tiny_config
@@ -166,3 +167,14 @@ def test_beam_scores_aggregate_last_min_or_prod():
     assert Beam(episode=None).score("last") == -math.inf
     with pytest.raises(ValueError, match="aggregation"):
         beam_search(None, [], None, n=1, beam_width=1, iterations=1, sampling=SAMPLING, aggregation="mean")
+
+
+def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
+    messages = [{"role": "user", "content": "Which word does not belong?"}]
+    pairs = [(messages, f"ANSWER: {i}") for i in range(400)]
+    scores = RandomScorer(0).score(pairs)
+    assert scores == RandomScorer(0).score(pairs) and scores != RandomScorer(1).score(pairs)
+    assert RandomScorer(0).score(pairs[::-1]) == scores[::-1]          # no dependence on the batch
+    assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
+    other = [([{"role": "user", "content": "Another game"}], candidate) for _, candidate in pairs[:50]]
+    assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too

@@ -105,11 +105,12 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert prm_metrics["config"]["prm"]["epochs"] == 1
     summary = json.loads((workdir / "results/prm_eval.json").read_text())
     jsonschema.validate(summary, json.loads(evaluation.SCHEMA_PATH.read_text()))
-    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "best_of_n", "beam_search"}
+    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}
     for figure in ("eval_scores", "soft_labels", "prm_calibration", "training_curves"):
         assert (workdir / f"results/report/{figure}.png").stat().st_size > 1000
     for name in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "gather_soft_labels",
-                 "soft_labels/0-of-2", "prm_adapter", "greedy_base", "greedy_sft", "best_of_n", "beam_search",
+                 "soft_labels/0-of-2", "prm_adapter", "greedy_base", "greedy_sft", "random_of_n", "best_of_n",
+                 "beam_search",
                  "eval_summary", "eval_report_figures"):
         assert "rule " in (workdir / f"results/logs/{name}.log").read_text()
         assert (workdir / f"results/benchmarks/{name}.tsv").exists()
@@ -144,6 +145,14 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert sft_path.stat().st_mtime_ns == mtimes[sft_path]
     assert metrics_path.stat().st_mtime_ns != mtimes[metrics_path]
     assert json.loads(metrics_path.read_text())["config"]["sft"]["lr"] == 2e-3
+
+    # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
+    original_eval = dict(config["eval"])
+    config["eval"].update(bootstrap_samples=150, beam_width=1)
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    assert planned_rules(snakemake(workdir, "-n").stdout) == {"beam_search", "eval_summary", "eval_report_figures",
+                                                              "all"}
+    config["eval"] = original_eval
 
     # changing labels.k reruns the label shards, their gather and what follows (PRM, eval), nothing upstream
     config["labels"]["k"] = 3

@@ -8,7 +8,7 @@ One short module per strategy; greedy play is the engine's plain :meth:`~clemprm
   ranked by the PRM and the best ``beam_width`` survive.
 
 A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer)``
-(:class:`clemprm.prm.PRMScorer`, or a scripted scorer in tests). Every search step makes one ``propose`` call
+(:class:`clemprm.prm.PRMScorer`, :class:`RandomScorer` for the control mode, or a scripted scorer in tests). Every search step makes one ``propose`` call
 (one ``generate`` call per model) and one ``score`` call for all games together. This package holds what the
 strategies share.
 """
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from clemprm.engine import derive_seed
 
 
 @dataclass
@@ -31,6 +33,20 @@ class SearchCost:
         self.policy_tokens += sum(candidate.new_tokens for candidate in candidates)
         self.prm_pairs += sum(score > -math.inf for score in scores)
         self.nodes += len(candidates)
+
+
+class RandomScorer:
+    """The control for a PRM: a uniform random score per pair, a function of ``seed`` and the pair alone, so a
+    search with it picks among the very candidates the PRM-guided search saw, at random (no model, no cost)."""
+
+    stats = None
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
+        return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in messages], candidate)
+                / 2 ** 63 for messages, candidate in pairs]
 
 
 def greedy_cost(episode) -> SearchCost:
