@@ -33,9 +33,11 @@ def main() -> None:
                         help="0 (default): greedy, so all runners play identical games (checked)")
     parser.add_argument("--batch-size", type=int, default=64, help="clemcore batchwise runner batch size")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per runner (the median is reported)")
+    parser.add_argument("--games", nargs="+", default=["guessnumber", "oddoneout"],
+                        help="built-in games whose instances are played (episodes split evenly)")
     args = parser.parse_args()
 
-    games = load_config(overrides={"games": {"builtin": ["guessnumber", "oddoneout"],
+    games = load_config(overrides={"games": {"builtin": args.games,
                                              "max_instances": {"train": 1000, "validation": 1000, "test": 1000}}})
     catalog = GameCatalog(games["games"])
     per_game = args.episodes // len(catalog.games)
