@@ -18,7 +18,8 @@ rate are averaged over games (a game without a played episode has no quality and
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
 episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base`` and
-``random_of_n`` use paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
+``random_of_n`` use paired draws: the same resampled instances for both modes. Draws are seeded per game from
+``seed``.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
-    keys; prm for the PRM modes). ``policy`` and ``prm``
-    replace the loaded models (tests). The parquet's provenance also holds the run: policy, PRM adapter, wall
-    seconds of play, model counters.
+    keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
+    always picks with a :class:`~clemprm.search.RandomScorer`). The parquet's provenance also holds the run:
+    policy, PRM adapter, wall seconds of play, model counters.
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
