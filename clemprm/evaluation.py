@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 MODES = tuple(EVAL_MODE_KEYS)
 PRM_MODES = EVAL_PRM_MODES
-SAMPLING_MODES = ("random_of_n", *PRM_MODES)
+SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
 BASELINES = ("greedy_sft", "greedy_base", "random_of_n")
 METRICS = ("percent_played", "quality", "clemscore", "success_rate")
 OVERALL = "overall"

@@ -24,6 +24,7 @@ import importlib
 
 import torch
 import torch.nn.functional as F
+from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm  # the reference kernel's (FLA's) normalisation
 
 # transformers modules whose Gated-DeltaNet layers call a module-level torch_chunk_gated_delta_rule
 PATCHED_MODULES = ("transformers.models.qwen3_5.modeling_qwen3_5",
@@ -33,10 +34,6 @@ MIN_LOG_DECAY = -60.0   # exp(-60) ~ 1e-26: below fp32 resolution next to the O(
 CHUNK = 32              # transformers uses 64; 32 measured faster here for every shape tried (see chunk_size_for)
 SMALL_CHUNK = 16        # for batches of >= SMALL_CHUNK_ROWS rows (batch x value heads) of heads <= 32 wide
 SMALL_CHUNK_ROWS = 64
-
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def chunk_size_for(rows: int, head_dim: int) -> int:
@@ -60,7 +57,7 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int | None = 
     query, key, value, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
                                   for x in (query, key, value, beta, g)]
     if use_qk_l2norm_in_kernel:
-        query, key = _l2norm(query), _l2norm(key)
+        query, key = l2norm(query), l2norm(key)
     query = query * k_dim ** -0.5
 
     chunk = chunk_size or chunk_size_for(batch * v_heads, max(k_dim, v_dim))

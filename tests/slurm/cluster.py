@@ -6,7 +6,8 @@ the machine, and two clusters (two test sessions) can run side by side. Clients 
 environment in :attr:`Cluster.env` (``SLURM_CONF``).
 
 No slurmdbd: ``sacct`` fails on this cluster, so the SLURM executor must query job status with ``squeue``
-(``slurm-status-command: squeue``), which MinJobAge (3600 s here: the tests read every job of a pipeline run after it ended) keeps reliable.
+(``slurm-status-command: squeue``), which MinJobAge (3600 s here: the tests read every job of a pipeline run
+after it ended) keeps reliable.
 
 Each daemon runs in the foreground under ``timeout -k`` (so a test session killed hard cannot leave it
 running past ``lifetime_s``) and is stopped by the PID this module started, never by name.
