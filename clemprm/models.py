@@ -411,6 +411,29 @@ def apply_threads(cfg: ModelConfig) -> None:
         torch.set_num_threads(cfg.threads)
 
 
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of up to 32 MB in the heap for reuse. By default a freed block of
+    more than 128 KB (the dynamic threshold stays low under CPU inference's alloc/free pattern) goes back to
+    the OS, so every large temporary tensor of a CPU forward pass is page-faulted in again: ~40k minor faults
+    per run of scripts/bench_engine.py's engine, ~14% of its time. PyTorch's tuning guide suggests
+    jemalloc/tcmalloc for this; mallopt does it without a preloaded library. False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(option, value) == 1 for option, value in (
+        (M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 256 << 20), (M_TOP_PAD, 64 << 20)))
+
+
 PAD_CANDIDATES = ("<|endoftext|>", "<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>", "<|fim_pad|>")
 
 
@@ -457,7 +480,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
 
     Applies threads, dtype (auto: fp32 on CPU, bf16 on CUDA), quantization (auto: NF4 double-quant with bf16
     compute on CUDA, none on CPU; ``nf4`` on CPU computes in fp32), a distinct pad token, the adapter
-    (``PeftModel``, trainable if ``for_training``) and the CPU Gated-DeltaNet kernel (:mod:`clemprm.gated_delta`).
+    (``PeftModel``, trainable if ``for_training``), the CPU Gated-DeltaNet kernel (:mod:`clemprm.gated_delta`) and,
+    on CPU, :func:`keep_freed_memory`.
     Quantized models loaded ``for_training`` go through ``peft.prepare_model_for_kbit_training`` (without
     gradient checkpointing: the trainer decides that).
     Inference models are returned in eval mode.
@@ -472,6 +496,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     apply_threads(cfg)
     gated_delta.install()
     device = _device()
+    if device == "cpu":
+        keep_freed_memory()
     path = resolve_model_dir(cfg)
     dtype = resolve_dtype(cfg, device)
     quantization = resolve_quantization(cfg, device)

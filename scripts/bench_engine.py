@@ -76,8 +76,9 @@ def main() -> None:
     timings = {name: statistics.median(values) for name, values in samples.items()}
 
     for name, seconds in timings.items():
-        print(f"{name:>10}: {seconds:7.3f} s  {n_episodes / seconds:7.2f} episodes/s  (median of {args.repeats}; "
-              f"range {min(samples[name]):.3f}-{max(samples[name]):.3f} s)")
+        turns = sum(map(len, responses[name]))  # of the last run: sampled runs may play longer or shorter games
+        print(f"{name:>10}: {seconds:7.3f} s  {n_episodes / seconds:7.2f} episodes/s  {turns:4d} turns  "
+              f"(median of {args.repeats}; range {min(samples[name]):.3f}-{max(samples[name]):.3f} s)")
     print(f"engine vs sequential: {timings['sequential'] / timings['engine']:.1f}x faster")
     print(f"engine vs batchwise:  {timings['batchwise'] / timings['engine']:.2f}x faster")
     for runner in ("sequential", "batchwise"):

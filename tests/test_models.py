@@ -383,6 +383,38 @@ def test_shared_prefix_prefill_is_exact(tiny_llama_dir, test_cache_dir):
     assert batched == alone
 
 
+FAULTS_PROGRAM = """
+import resource, sys, torch
+from clemprm.models import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+def temporaries():  # as in a forward pass: several large temporaries alive at once, then all freed
+    return [torch.empty(1 << 21).fill_(1.0) for _ in range(4)]  # 4 x 8 MB
+for _ in range(5):  # the heap grows to its working size
+    temporaries()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    temporaries()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="page-fault counts need Linux (glibc)")
+def test_keep_freed_memory_stops_refaulting_large_tensors():
+    """By default glibc hands the freed temporaries back to the OS and faults them in again page by page
+    (up to 10 x 4 x 2048 faults); once freed memory is kept, the same blocks are reused."""
+    import subprocess
+    import sys
+
+    def faults(mode):
+        run = subprocess.run([sys.executable, "-c", FAULTS_PROGRAM, mode], capture_output=True, text=True, check=True)
+        return int(run.stdout.strip())
+
+    default, kept = faults("default"), faults("keep")
+    assert default > 10 * 2048, default
+    assert kept < 1000, kept
+
+
 def test_decoder_requires_an_end_token(policy):
     with pytest.raises(ValueError, match="end-of-turn"):
         Decoder(policy.model, eos_token_ids=[], pad_token_id=0)
