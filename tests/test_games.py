@@ -326,10 +326,19 @@ def test_wordref_success_and_lose(clem, benchmarks):
     assert "apple, tiger, chair" in describer_context and "target word is tiger" in describer_context
     assert "DESCRIPTION: <your description>" in describer_context
     assert "chair, apple, tiger" in guesser_context and '"a big striped cat"' in guesser_context
-    assert "ANSWER: <word>" in guesser_context
+    assert "ANSWER: <word>" in guesser_context and "Which of the three words (chair, apple, tiger)" in guesser_context
     assert result.interactions["players"]["Player 1"]["game_role"] == "Describer"
     lose = wr(clem, benchmarks, ["DESCRIPTION: a big striped cat", "ANSWER: apple"])
     assert lose.outcome == "Lose" and lose.main_score == 0
+
+
+def test_wordref_prompt_example_names_no_lexicon_word(clem, benchmarks):
+    """The Describer's prompt shows an example answer; its words must not be words an instance can use."""
+    describer_context = wr(clem, benchmarks, ["DESCRIPTION: a big striped cat", "ANSWER: tiger"]).turns[0][1]
+    assert "For example" in describer_context
+    lexicon = json.loads((builtin_game_dir("wordref") / "resources" / "lexicon.json").read_text())["categories"]
+    named = {word for words in lexicon.values() for word in words if mentions_word(describer_context, word)}
+    assert named <= set(WR_INSTANCE["words"]), named
 
 
 @pytest.mark.parametrize("leak", ["DESCRIPTION: like a Tiger", "DESCRIPTION: not apples, not chairs", ""])

@@ -40,12 +40,14 @@ MAX_DESCRIPTION_CHARS = 300
 DESCRIBER_PROMPT = (
     "Let's play a word game. The words are: {words}. Your target word is {target}. "
     "Describe the target so that another player can pick it out of the three words. "
-    "Do not say any of the three words. Answer with one line in this format:\n{answer_format}"
+    "Do not say any of the three words. For example, if the words were kite, lamp and river and the target was "
+    "lamp, a good answer would be:\nDESCRIPTION: it gives light in a dark room\n"
+    "Answer with one line in this format:\n{answer_format}"
 )
 GUESSER_PROMPT = (
     "Let's play a word game. The words are: {words}. Another player described one of them:\n"
     "\"{description}\"\n"
-    "Which word was described? Answer with one line in this format:\n{answer_format}"
+    "Which of the three words ({words}) was described? Answer with one line in this format:\n{answer_format}"
 )
 
 KEY_TARGET = "Target"
