@@ -15,10 +15,16 @@ cuts the elementwise work per token. It matches the reference to ~1e-6
 (tests/test_gated_delta.py) and made the tiny test model's batched prefill about 1.6x faster
 (scripts/bench_engine.py). :func:`install` routes CPU calls of the Qwen modules to it; CUDA calls and packed
 sequences keep transformers' path (flash-linear-attention when installed).
+
+:func:`continuing_with_leading_pads` lets one forward pass continue cached rows with new tokens of different
+lengths (the decoder's prefix store, :mod:`clemprm.generation`): it makes the padding between a row's cached state
+and its new tokens a no-op for the kernel and the causal convolution before it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 
@@ -99,12 +105,81 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int | None = 
     return out, (state if output_final_state else None)
 
 
-def _dispatching(reference):
+# ------------------------------------------------------------------ continuing rows that are padded in the middle
+
+_LEADING_PADS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("leading_pads", default=None)
+
+
+@contextlib.contextmanager
+def continuing_with_leading_pads(leading_pads: torch.Tensor, width: int):
+    """Within the block, a forward pass that continues cached Gated-DeltaNet states with ``width`` new tokens per
+    row, left padded (``leading_pads[b]`` pads, then row b's tokens), computes exactly what each row's tokens alone
+    would.
+
+    Padding at the start of a fresh sequence is harmless, but between a cached state and new tokens it is not:
+    the pads would decay and write the recurrent state, and the causal convolution of the first real tokens would
+    see pads instead of the cached inputs. So, for the block: the pads' decay, write strength and q/k/v are zeroed
+    in the kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
+    just before its first real token. A row with pads must bring at least ``conv kernel - 1`` tokens (else the
+    convolution state saved for the next step would hold pads): :func:`check_continuation` says so."""
+    token = _LEADING_PADS.set((leading_pads, width))
+    try:
+        yield
+    finally:
+        _LEADING_PADS.reset(token)
+
+
+def _pad_positions(batch: int, length: int, device) -> torch.Tensor | None:
+    """``[batch, length]`` True at the leading pads of the current continuation (None outside one)."""
+    context = _LEADING_PADS.get()
+    if context is None:
+        return None
+    pads, width = context
+    if pads.shape[0] != batch or width != length:
+        raise ValueError(f"a continuation of {pads.shape[0]} rows x {width} tokens, the layer got {batch} x {length}")
+    return torch.arange(length, device=device).unsqueeze(0) < pads.to(device).unsqueeze(1)
+
+
+def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
+    """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops (no decay, no write)."""
+    padded = _pad_positions(query.shape[0], query.shape[1], query.device)
+    if padded is not None:
+        query, key, value = (torch.where(padded[:, :, None, None], 0.0, x) for x in (query, key, value))
+        g, beta = (torch.where(padded[:, :, None], 0.0, x) for x in (g, beta))
+    return chunk_gated_delta_rule(query, key, value, g, beta, *args, **kwargs)
+
+
+def _continued_conv(reference):
+    """The causal convolution of a continuation ([batch, channels, cached inputs + new]): each row's cached inputs
+    moved next to its first real token, the pads before them zeroed, then ``reference``."""
+    def conv(hidden_states, weight, *args, **kwargs):
+        pads = _LEADING_PADS.get()
+        if pads is not None:
+            pads, new = pads
+            total = hidden_states.shape[-1]
+            time = torch.arange(total, device=hidden_states.device).unsqueeze(0)
+            shift = pads.to(hidden_states.device).unsqueeze(1)
+            cached = total - new                                   # the cache keeps the last `kernel` inputs
+            source = torch.where(time < shift + cached, time - shift, time)
+            moved = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
+            hidden_states = torch.where((time < shift).unsqueeze(1), 0.0, moved)
+        return reference(hidden_states, weight, *args, **kwargs)
+    return conv
+
+
+def check_continuation(new_tokens: list[int], conv_kernel: int) -> bool:
+    """Whether rows bringing these numbers of new tokens can share one padded continuation: with pads (unequal
+    counts), every row needs at least ``conv_kernel - 1`` tokens."""
+    return len(set(new_tokens)) <= 1 or min(new_tokens) >= conv_kernel - 1
+
+
+def _dispatching(reference, cpu_function):
     @functools.wraps(reference)
-    def dispatch(query, *args, **kwargs):
-        if query.device.type != "cpu" or kwargs.get("cu_seqlens") is not None:
-            return reference(query, *args, **kwargs)
-        return chunk_gated_delta_rule(query, *args, **kwargs)
+    def dispatch(*args, **kwargs):
+        first = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+        if first.device.type != "cpu" or kwargs.get("cu_seqlens") is not None:
+            return reference(*args, **kwargs)
+        return cpu_function(*args, **kwargs)
     dispatch.clemprm_reference = reference
     return dispatch
 
@@ -117,6 +192,9 @@ def install() -> None:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        current = getattr(module, "torch_chunk_gated_delta_rule", None)
-        if current is not None and not hasattr(current, "clemprm_reference"):
-            module.torch_chunk_gated_delta_rule = _dispatching(current)
+        kernel = getattr(module, "torch_chunk_gated_delta_rule", None)
+        if kernel is not None and not hasattr(kernel, "clemprm_reference"):
+            module.torch_chunk_gated_delta_rule = _dispatching(kernel, _continued_kernel)
+        conv = getattr(module, "causal_conv1d_fn", None)
+        if conv is not None and not hasattr(conv, "clemprm_reference"):
+            module.causal_conv1d_fn = _dispatching(conv, _continued_conv(conv))

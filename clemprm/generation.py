@@ -9,6 +9,8 @@ It is faster because it does less around the same forward passes:
 * a KV cache whose attention layers are preallocated (no ``torch.cat`` of the whole cache each step),
 * prefill once per micro-batch, logits of the last position only, identical prompts prefilled once, and
   for plain-attention models (SmolLM2, Llama, Qwen3) a prefix common to the micro-batch prefilled once,
+* the state after each conversation (a prompt without its generation prompt) kept in a :class:`PrefixStore`,
+  so that the next turn of a game, or a fork of it, prefills only its new tokens (``model.prefix_cache_mb``),
 * one-token decode attention on CPU as two small matmuls (the SDPA kernel's overhead dominates there),
 * sampling on the top-k candidates only (no full-vocabulary sort or multinomial per step),
 * finished rows dropped from the batch (when enough of them are done to pay for compacting the cache),
@@ -23,16 +25,19 @@ settings, not on the other rows of the batch nor their order (up to float roundi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import re
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from clemprm import gated_delta
 from clemprm.clemcore_setup import import_clemcore_backends
 from clemprm.models import ModelConfig, load_tokenizer_and_model
 
@@ -206,6 +211,126 @@ def make_cache(model, capacity: int):
     return cache
 
 
+# ---------------------------------------------------------------------- row states across turns
+
+
+def _linear_attention_layer_class():
+    try:
+        from transformers.cache_utils import LinearAttentionLayer
+    except ImportError:  # a transformers without recurrent-layer caches
+        return None
+    return LinearAttentionLayer
+
+
+def snapshottable(cache) -> bool:
+    """Whether the rows of ``cache`` can be saved and restored: plain (preallocated) attention layers and
+    linear-attention (e.g. Gated-DeltaNet) layers only."""
+    linear = _linear_attention_layer_class()
+    return bool(cache.layers) and all(type(layer) in (_PREALLOCATED_LAYER, linear) for layer in cache.layers)
+
+
+@dataclass
+class RowState:
+    """One row's model state after ``length`` tokens: per layer, (keys, values) of its real positions for an
+    attention layer, (conv state, recurrent state) for a linear-attention layer."""
+
+    length: int
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for pair in self.layers for t in pair)
+
+
+def snapshot_rows(cache, attention: torch.Tensor) -> list[RowState]:
+    """Copies of every row's state (``attention``: the 2D mask over the cache, 1 at a row's real positions)."""
+    linear = _linear_attention_layer_class()
+    rows = []
+    for b in range(attention.shape[0]):
+        real = attention[b].bool()
+        layers = []
+        for layer in cache.layers:
+            if type(layer) is linear:
+                layers.append((layer.conv_states[0][b].clone(), layer.recurrent_states[0][b].clone()))
+            else:
+                layers.append((layer.keys[b][:, real].clone(), layer.values[b][:, real].clone()))
+        rows.append(RowState(int(real.sum()), layers))
+    return rows
+
+
+def restore_rows(model, rows: list[RowState], capacity: int):
+    """A cache holding ``rows`` (attention keys left padded to the longest); returns (cache, attention mask,
+    lengths)."""
+    cache = make_cache(model, capacity)
+    linear = _linear_attention_layer_class()
+    width = max(row.length for row in rows)
+    device = rows[0].layers[0][0].device
+    attention = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for b, row in enumerate(rows):
+        attention[b, width - row.length:] = 1
+    for i, layer in enumerate(cache.layers):
+        first, second = (torch.stack([row.layers[i][j] for row in rows]) if type(layer) is linear else None
+                         for j in (0, 1))
+        if type(layer) is linear:
+            layer.lazy_initialization(conv_states=first, recurrent_states=second, conv_kernel_size=first.shape[-1])
+            layer.conv_states[0].copy_(first)
+            layer.recurrent_states[0].copy_(second)
+            layer.has_previous_state[0] = True
+            continue
+        keys, values = rows[0].layers[i]
+        padded_keys = keys.new_zeros((len(rows), keys.shape[0], width, keys.shape[-1]))
+        padded_values = values.new_zeros((len(rows), values.shape[0], width, values.shape[-1]))
+        for b, row in enumerate(rows):
+            padded_keys[b, :, width - row.length:] = row.layers[i][0]
+            padded_values[b, :, width - row.length:] = row.layers[i][1]
+        layer.update(padded_keys, padded_values)
+    return cache, attention, torch.tensor([row.length for row in rows], device=device)
+
+
+class PrefixStore:
+    """Row states at the end of prompt prefixes, least recently used dropped beyond ``max_bytes``.
+
+    What it is for: a game's next turn, and every fork of a game state, starts with the conversation so far, so
+    the prompt's prefix up to the generation prompt was already prefilled for an earlier turn (or a sibling)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._states: OrderedDict[tuple, RowState] = OrderedDict()
+        self._lengths: Counter = Counter()
+        self.hits = self.misses = 0
+
+    def longest(self, tokens: list[int], limit: int) -> RowState | None:
+        """The state of the longest stored prefix of ``tokens`` of at most ``limit`` tokens."""
+        for length in sorted((n for n in self._lengths if n <= limit), reverse=True):
+            key = tuple(tokens[:length])
+            if key in self._states:
+                self._states.move_to_end(key)
+                self.hits += 1
+                return self._states[key]
+        self.misses += 1
+        return None
+
+    def clear(self) -> None:
+        self._states.clear()
+        self._lengths.clear()
+        self.nbytes = 0
+
+    def put(self, tokens: list[int], state: RowState) -> None:
+        key = tuple(tokens)
+        if key in self._states or state.nbytes > self.max_bytes:
+            return
+        self._states[key] = state
+        self._lengths[len(key)] += 1
+        self.nbytes += state.nbytes
+        while self.nbytes > self.max_bytes:
+            old_key, old = self._states.popitem(last=False)
+            self.nbytes -= old.nbytes
+            self._lengths[len(old_key)] -= 1
+            if not self._lengths[len(old_key)]:
+                del self._lengths[len(old_key)]
+
+
 # ------------------------------------------------------------------------------- decode attention
 
 FAST_ATTENTION = "clemprm_sdpa"
@@ -362,7 +487,12 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, uniforms: torch.
 class Decoder:
     """Batched decoding of token-id prompts with one causal LM (no tokenizer, no chat template)."""
 
-    def __init__(self, model, *, eos_token_ids, pad_token_id: int, sequence_bias: dict[int, float] | None = None):
+    def __init__(self, model, *, eos_token_ids, pad_token_id: int, sequence_bias: dict[int, float] | None = None,
+                 generation_prompt: list[int] | None = None, prefix_store_bytes: int = 0):
+        """``generation_prompt``: the tokens a chat template appends to open the model's turn. Prompts that end with
+        them are prefilled in two parts, the conversation and then these tokens, and the state after the
+        conversation is kept in a :class:`PrefixStore` of ``prefix_store_bytes`` (0: off): the next turn of that
+        conversation (which starts with it) or a fork of it prefills only its new tokens."""
         self.model = model
         self.eos = sorted(set(int(i) for i in eos_token_ids))
         if not self.eos:
@@ -374,6 +504,16 @@ class Decoder:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" in params
         self._bias = None
+        self.generation_prompt = list(generation_prompt or [])
+        reusable = bool(prefix_store_bytes and self.generation_prompt) and snapshottable(make_cache(model, 1))
+        self.prefix_store = PrefixStore(prefix_store_bytes) if reusable else None
+        text_config = getattr(model.config, "text_config", model.config)
+        recurrent = "linear_attention" in (getattr(text_config, "layer_types", None) or [])
+        # rows continuing a stored state with new tokens of unequal lengths are padded in the middle: exact for
+        # attention, and for Gated-DeltaNet layers through clemprm.gated_delta, which runs on CPU only
+        self._padded_continuation = not recurrent or self.device.type == "cpu"
+        # ... and need this many new tokens per row (see gated_delta.continuing_with_leading_pads)
+        self._min_continuation = max(1, int(getattr(text_config, "linear_conv_kernel_dim", 1) or 1) - 1)
 
     @property
     def device(self):
@@ -426,6 +566,58 @@ class Decoder:
             self._decode(prompts, rows, params, uniforms, results)
 
     def _prefill(self, unique_prompts: list[tuple], n_new: int):
+        """Prefill ``unique_prompts``; returns (cache, last logits, attention mask, next positions). With a prefix
+        store, prompts ending with the generation prompt reuse and keep the state of their conversation."""
+        generation_prompt = tuple(self.generation_prompt)
+        tail = len(generation_prompt)
+        if self.prefix_store is None or not all(len(p) > tail and p[-tail:] == generation_prompt
+                                                for p in unique_prompts):
+            return self._prefill_fresh(unique_prompts, n_new)
+        capacity = max(len(p) for p in unique_prompts) + n_new
+        conversations = [list(p[:-tail]) for p in unique_prompts]
+        states = [self.prefix_store.longest(c, len(c)) for c in conversations]
+        continuing = [i for i, (c, state) in enumerate(zip(conversations, states)) if self._padded_continuation
+                      and state is not None and len(c) - state.length >= self._min_continuation]
+        fresh = [i for i, (c, state) in enumerate(zip(conversations, states))
+                 if i not in continuing and (state is None or state.length < len(c))]
+        if fresh:
+            cache, _, attention, _ = self._prefill_fresh([conversations[i] for i in fresh], 0)
+            self._keep(fresh, conversations, snapshot_rows(cache, attention), states)
+        if continuing:
+            cache, attention, lengths = restore_rows(self.model, [states[i] for i in continuing], capacity)
+            _, attention, _ = self._continue(cache, attention, lengths,
+                                             [conversations[i][states[i].length:] for i in continuing])
+            self._keep(continuing, conversations, snapshot_rows(cache, attention), states)
+        cache, attention, lengths = restore_rows(self.model, states, capacity)
+        logits, attention, next_pos = self._continue(cache, attention, lengths, [list(generation_prompt)] * len(states))
+        return cache, logits, attention, next_pos
+
+    def _keep(self, rows: list[int], conversations: list[list[int]], snapshots: list[RowState], states: list) -> None:
+        for i, state in zip(rows, snapshots):
+            states[i] = state
+            self.prefix_store.put(conversations[i], state)
+
+    def _continue(self, cache, attention, lengths, new_tokens: list[list[int]]):
+        """Prefill each row's ``new_tokens`` after its cached state (left padded: padding in the middle of a row is
+        masked for attention and made a no-op for Gated-DeltaNet layers); returns (last logits, attention mask,
+        next positions)."""
+        device = self.device
+        width = max(len(t) for t in new_tokens)
+        input_ids = torch.full((len(new_tokens), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(new_tokens), width), dtype=torch.long)
+        for r, tokens in enumerate(new_tokens):
+            input_ids[r, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+            mask[r, width - len(tokens):] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        positions = lengths.unsqueeze(1) + (mask.cumsum(-1) - 1).clamp_min(0)
+        attention = torch.cat([attention, mask], dim=-1)
+        pads = width - mask.sum(-1)
+        padded = gated_delta.continuing_with_leading_pads(pads, width) if bool(pads.any()) else contextlib.nullcontext()
+        with padded:
+            logits = self._forward(input_ids, attention, positions, cache, last_only=True)
+        return logits, attention, positions[:, -1] + 1
+
+    def _prefill_fresh(self, unique_prompts: list, n_new: int):
         """Prefill ``unique_prompts`` (left padded); returns (cache, last logits, attention mask, next positions).
 
         Plain-attention models prefill a prefix common to all prompts once (batch 1) and only the rest per
@@ -585,7 +777,9 @@ class PolicyModel(_backends.BatchGenerativeModel):
                    if i is not None]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         self.decoder = Decoder(model, eos_token_ids=eos_ids, pad_token_id=pad,
-                               sequence_bias=sequence_bias_of(generation_config))
+                               sequence_bias=sequence_bias_of(generation_config),
+                               generation_prompt=self._generation_prompt_ids(),
+                               prefix_store_bytes=cfg.prefix_cache_mb << 20)
         self.stats = GenerationStats()
 
     # clemcore's Model reads these through gen_args
@@ -597,6 +791,23 @@ class PolicyModel(_backends.BatchGenerativeModel):
 
     def reset(self):
         pass
+
+    def _generation_prompt_ids(self) -> list[int]:
+        """The tokens the chat template appends to open the assistant's turn ([] when the template does not
+        simply append them, e.g. it rewrites earlier turns)."""
+        probe = [{"role": "user", "content": "Hello."}]
+        try:
+            opened = self.render(probe)
+            conversation = self.tokenizer.apply_chat_template(probe, add_generation_prompt=False, tokenize=False,
+                                                              **self.cfg.chat_template_kwargs)
+        except Exception:  # a template that cannot render the probe: no reuse
+            return []
+        if not opened.startswith(conversation) or opened == conversation:
+            return []
+        opened_ids, conversation_ids = self.tokenizer([opened, conversation], add_special_tokens=False)["input_ids"]
+        if opened_ids[:len(conversation_ids)] != conversation_ids:
+            return []
+        return opened_ids[len(conversation_ids):]
 
     def render(self, messages: list[dict]) -> str:
         """The prompt text: roles merged as clemcore backends do, chat template with the generation prompt."""

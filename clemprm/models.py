@@ -71,6 +71,7 @@ class ModelConfig:
     chat_template_kwargs: dict = field(default_factory=lambda: {"enable_thinking": False})
     token_budget: int = 16384
     max_context_tokens: int = 2048
+    prefix_cache_mb: int = 1024
     cache_dir: str | None = None
 
     def __post_init__(self):
@@ -83,7 +84,7 @@ class ModelConfig:
             raise ValueError(f"model quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for key, minimum in (("threads", 0), ("token_budget", 1), ("max_context_tokens", 1)):
+        for key, minimum in (("threads", 0), ("token_budget", 1), ("max_context_tokens", 1), ("prefix_cache_mb", 0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"model {key} must be an integer >= {minimum}, got {value!r}")

@@ -39,9 +39,9 @@ MAX_DESCRIPTION_CHARS = 300
 
 DESCRIBER_PROMPT = (
     "Let's play a word game. The words are: {words}. Your target word is {target}. "
-    "Describe the target so that another player can pick it out of the three words. "
-    "Do not say any of the three words. For example, if the words were kite, lamp and river and the target was "
-    "lamp, a good answer would be:\nDESCRIPTION: it gives light in a dark room\n"
+    "Describe the target so that another player can pick it out. "
+    "Do not say any of the three words. For example, for kite, lamp and river with target lamp, a good answer "
+    "is:\nDESCRIPTION: it gives light in a dark room\n"
     "Answer with one line in this format:\n{answer_format}"
 )
 GUESSER_PROMPT = (
