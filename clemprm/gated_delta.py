@@ -121,12 +121,38 @@ def continuing_with_leading_pads(leading_pads: torch.Tensor, width: int):
     see pads instead of the cached inputs. So, for the block: the pads' decay, write strength and q/k/v are zeroed
     in the kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
     just before its first real token. A row with pads must bring at least ``conv kernel - 1`` tokens (else the
-    convolution state saved for the next step would hold pads): :func:`check_continuation` says so."""
+    convolution state saved for the next step would hold pads)."""
     token = _LEADING_PADS.set((leading_pads, width))
     try:
         yield
     finally:
         _LEADING_PADS.reset(token)
+
+
+class CapturedStates:
+    """Per Gated-DeltaNet layer, in call order: the conv states ``[batch, channels, kernel]`` and recurrent states
+    ``[batch, heads, k_dim, v_dim]`` of a forward pass, taken before its last ``last`` tokens."""
+
+    def __init__(self, last: int):
+        self.last = last
+        self.conv: list[torch.Tensor] = []
+        self.recurrent: list[torch.Tensor] = []
+
+
+_CAPTURE: contextvars.ContextVar[CapturedStates | None] = contextvars.ContextVar("capture", default=None)
+
+
+@contextlib.contextmanager
+def capturing_states_before_last(last: int):
+    """Within the block, CPU Gated-DeltaNet layers also record their states as they were before the last ``last``
+    tokens of each row (the kernel runs in two parts, split there), so that one forward pass gives both the state
+    at the end of a conversation and, after the generation prompt, the state to decode from."""
+    captured = CapturedStates(last)
+    token = _CAPTURE.set(captured)
+    try:
+        yield captured
+    finally:
+        _CAPTURE.reset(token)
 
 
 def _pad_positions(batch: int, length: int, device) -> torch.Tensor | None:
@@ -146,7 +172,19 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
     if padded is not None:
         query, key, value = (torch.where(padded[:, :, None, None], 0.0, x) for x in (query, key, value))
         g, beta = (torch.where(padded[:, :, None], 0.0, x) for x in (g, beta))
-    return chunk_gated_delta_rule(query, key, value, g, beta, *args, **kwargs)
+    capture = _CAPTURE.get()
+    if capture is None or not capture.last:
+        return chunk_gated_delta_rule(query, key, value, g, beta, *args, **kwargs)
+    split = query.shape[1] - capture.last
+    wants_final = kwargs.get("output_final_state", False)
+    kwargs = {**kwargs, "output_final_state": True}
+    initial_state = kwargs.pop("initial_state", None)
+    head, state = chunk_gated_delta_rule(query[:, :split], key[:, :split], value[:, :split], g[:, :split],
+                                         beta[:, :split], *args, initial_state=initial_state, **kwargs)
+    capture.recurrent.append(state)
+    rest, final = chunk_gated_delta_rule(query[:, split:], key[:, split:], value[:, split:], g[:, split:],
+                                         beta[:, split:], *args, initial_state=state, **kwargs)
+    return torch.cat([head, rest], dim=1), (final if wants_final else None)
 
 
 def _continued_conv(reference):
@@ -163,14 +201,13 @@ def _continued_conv(reference):
             source = torch.where(time < shift + cached, time - shift, time)
             moved = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
             hidden_states = torch.where((time < shift).unsqueeze(1), 0.0, moved)
+        capture = _CAPTURE.get()
+        if capture is not None and capture.last:  # the inputs the cache would keep, before the last tokens
+            kernel, end = weight.shape[-1], hidden_states.shape[-1] - capture.last
+            kept = hidden_states[..., max(0, end - kernel):end]
+            capture.conv.append(F.pad(kept, (kernel - kept.shape[-1], 0)))
         return reference(hidden_states, weight, *args, **kwargs)
     return conv
-
-
-def check_continuation(new_tokens: list[int], conv_kernel: int) -> bool:
-    """Whether rows bringing these numbers of new tokens can share one padded continuation: with pads (unequal
-    counts), every row needs at least ``conv_kernel - 1`` tokens."""
-    return len(set(new_tokens)) <= 1 or min(new_tokens) >= conv_kernel - 1
 
 
 def _dispatching(reference, cpu_function):

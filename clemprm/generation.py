@@ -242,18 +242,28 @@ class RowState:
         return sum(t.numel() * t.element_size() for pair in self.layers for t in pair)
 
 
-def snapshot_rows(cache, attention: torch.Tensor) -> list[RowState]:
-    """Copies of every row's state (``attention``: the 2D mask over the cache, 1 at a row's real positions)."""
+def snapshot_rows(cache, attention: torch.Tensor, captured=None) -> list[RowState]:
+    """Copies of every row's state (``attention``: the 2D mask over the cache, 1 at a row's real positions). With
+    ``captured`` (:class:`clemprm.gated_delta.CapturedStates` of the pass that filled the cache), the state
+    before the pass's last ``captured.last`` tokens."""
     linear = _linear_attention_layer_class()
+    if captured is not None:
+        attention = attention[:, :-captured.last]
+        linear_states = list(zip(captured.conv, captured.recurrent))
+    else:
+        linear_states = [(layer.conv_states[0], layer.recurrent_states[0])
+                         for layer in cache.layers if type(layer) is linear]
+    width = attention.shape[1]
     rows = []
     for b in range(attention.shape[0]):
         real = attention[b].bool()
-        layers = []
+        layers, linear_layers = [], iter(linear_states)
         for layer in cache.layers:
             if type(layer) is linear:
-                layers.append((layer.conv_states[0][b].clone(), layer.recurrent_states[0][b].clone()))
+                conv, recurrent = next(linear_layers)
+                layers.append((conv[b].clone(), recurrent[b].clone()))
             else:
-                layers.append((layer.keys[b][:, real].clone(), layer.values[b][:, real].clone()))
+                layers.append((layer.keys[b][:, :width][:, real].clone(), layer.values[b][:, :width][:, real].clone()))
         rows.append(RowState(int(real.sum()), layers))
     return rows
 
@@ -505,14 +515,14 @@ class Decoder:
         self._keep_kw = "logits_to_keep" in params
         self._bias = None
         self.generation_prompt = list(generation_prompt or [])
-        reusable = bool(prefix_store_bytes and self.generation_prompt) and snapshottable(make_cache(model, 1))
-        self.prefix_store = PrefixStore(prefix_store_bytes) if reusable else None
         text_config = getattr(model.config, "text_config", model.config)
         recurrent = "linear_attention" in (getattr(text_config, "layer_types", None) or [])
-        # rows continuing a stored state with new tokens of unequal lengths are padded in the middle: exact for
-        # attention, and for Gated-DeltaNet layers through clemprm.gated_delta, which runs on CPU only
-        self._padded_continuation = not recurrent or self.device.type == "cpu"
-        # ... and need this many new tokens per row (see gated_delta.continuing_with_leading_pads)
+        # continuing rows are padded in the middle and conversation states are taken inside a pass: plain for
+        # attention layers, done by clemprm.gated_delta (CPU only) for Gated-DeltaNet layers
+        reusable = (bool(prefix_store_bytes and self.generation_prompt) and snapshottable(make_cache(model, 1))
+                    and (not recurrent or self.device.type == "cpu"))
+        self.prefix_store = PrefixStore(prefix_store_bytes) if reusable else None
+        # a padded continuation needs this many new tokens per row (see gated_delta.continuing_with_leading_pads)
         self._min_continuation = max(1, int(getattr(text_config, "linear_conv_kernel_dim", 1) or 1) - 1)
 
     @property
@@ -566,36 +576,57 @@ class Decoder:
             self._decode(prompts, rows, params, uniforms, results)
 
     def _prefill(self, unique_prompts: list[tuple], n_new: int):
-        """Prefill ``unique_prompts``; returns (cache, last logits, attention mask, next positions). With a prefix
-        store, prompts ending with the generation prompt reuse and keep the state of their conversation."""
-        generation_prompt = tuple(self.generation_prompt)
+        """Prefill ``unique_prompts``; returns (cache, last logits, attention mask, next positions).
+
+        With a prefix store, for prompts that end with the generation prompt: a prompt whose conversation (the
+        prompt without it) is stored prefills the generation prompt only; one whose earlier part is stored (the
+        last turn) prefills the rest; others are prefilled in full. Each group is one forward pass that also takes
+        the state at the end of its conversations for the store. Groups are joined into one cache to decode."""
+        generation_prompt = list(self.generation_prompt)
         tail = len(generation_prompt)
-        if self.prefix_store is None or not all(len(p) > tail and p[-tail:] == generation_prompt
+        if self.prefix_store is None or not all(len(p) > tail and list(p[-tail:]) == generation_prompt
                                                 for p in unique_prompts):
             return self._prefill_fresh(unique_prompts, n_new)
         capacity = max(len(p) for p in unique_prompts) + n_new
         conversations = [list(p[:-tail]) for p in unique_prompts]
-        states = [self.prefix_store.longest(c, len(c)) for c in conversations]
-        continuing = [i for i, (c, state) in enumerate(zip(conversations, states)) if self._padded_continuation
-                      and state is not None and len(c) - state.length >= self._min_continuation]
-        fresh = [i for i, (c, state) in enumerate(zip(conversations, states))
-                 if i not in continuing and (state is None or state.length < len(c))]
+        stored = [self.prefix_store.longest(c, len(c)) for c in conversations]
+        known = [i for i, (c, state) in enumerate(zip(conversations, stored)) if state and state.length == len(c)]
+        continuing = [i for i, (c, state) in enumerate(zip(conversations, stored))
+                      if state and self._min_continuation <= len(c) - state.length]
+        fresh = [i for i in range(len(unique_prompts)) if i not in known and i not in continuing]
+        groups = []  # (rows, cache, logits, attention, next positions)
         if fresh:
-            cache, _, attention, _ = self._prefill_fresh([conversations[i] for i in fresh], 0)
-            self._keep(fresh, conversations, snapshot_rows(cache, attention), states)
+            with gated_delta.capturing_states_before_last(tail) as captured:
+                cache, logits, attention, next_pos = self._prefill_fresh([unique_prompts[i] for i in fresh], n_new)
+            self._keep(fresh, conversations, snapshot_rows(cache, attention, captured))
+            groups.append((fresh, cache, logits, attention, next_pos))
         if continuing:
-            cache, attention, lengths = restore_rows(self.model, [states[i] for i in continuing], capacity)
-            _, attention, _ = self._continue(cache, attention, lengths,
-                                             [conversations[i][states[i].length:] for i in continuing])
-            self._keep(continuing, conversations, snapshot_rows(cache, attention), states)
-        cache, attention, lengths = restore_rows(self.model, states, capacity)
-        logits, attention, next_pos = self._continue(cache, attention, lengths, [list(generation_prompt)] * len(states))
-        return cache, logits, attention, next_pos
+            cache, attention, lengths = restore_rows(self.model, [stored[i] for i in continuing], capacity)
+            with gated_delta.capturing_states_before_last(tail) as captured:
+                logits, attention, next_pos = self._continue(
+                    cache, attention, lengths, [list(unique_prompts[i][stored[i].length:]) for i in continuing])
+            self._keep(continuing, conversations, snapshot_rows(cache, attention, captured))
+            groups.append((continuing, cache, logits, attention, next_pos))
+        if known:
+            cache, attention, lengths = restore_rows(self.model, [stored[i] for i in known], capacity)
+            logits, attention, next_pos = self._continue(cache, attention, lengths, [generation_prompt] * len(known))
+            groups.append((known, cache, logits, attention, next_pos))
+        return self._join(groups, capacity)
 
-    def _keep(self, rows: list[int], conversations: list[list[int]], snapshots: list[RowState], states: list) -> None:
-        for i, state in zip(rows, snapshots):
-            states[i] = state
+    def _keep(self, rows: list[int], conversations: list[list[int]], states: list[RowState]) -> None:
+        for i, state in zip(rows, states):
             self.prefix_store.put(conversations[i], state)
+
+    def _join(self, groups: list[tuple], capacity: int):
+        """One (cache, logits, attention mask, next positions) for the groups' rows, in row order."""
+        if len(groups) == 1:
+            return groups[0][1:]
+        rows = [i for group in groups for i in group[0]]
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        states = [state for _, cache, _, attention, _ in groups for state in snapshot_rows(cache, attention)]
+        cache, attention, next_pos = restore_rows(self.model, [states[j] for j in order], capacity)
+        logits = torch.cat([group[2] for group in groups])[torch.tensor(order, device=self.device)]
+        return cache, logits, attention, next_pos
 
     def _continue(self, cache, attention, lengths, new_tokens: list[list[int]]):
         """Prefill each row's ``new_tokens`` after its cached state (left padded: padding in the middle of a row is

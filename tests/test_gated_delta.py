@@ -15,6 +15,7 @@ from clemprm.models import ModelConfig, load_tokenizer_and_model  # noqa: E402
 
 gated_delta.install()
 REFERENCE = qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference
+CONV_REFERENCE = qwen3_5.causal_conv1d_fn.clemprm_reference
 
 
 def inputs(batch, length, k_heads=2, v_heads=4, dim=16, decay_scale=1.0, seed=0, requires_grad=False):
@@ -61,6 +62,35 @@ def test_gradients_match_reference():
     gated_delta.chunk_gated_delta_rule(**x_new, use_qk_l2norm_in_kernel=True)[0].square().sum().backward()
     for name in x_ref:
         torch.testing.assert_close(x_new[name].grad, x_ref[name].grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_leading_pads_of_a_continuation_leave_the_state_alone():
+    x = inputs(2, 20, decay_scale=2.0)
+    state = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
+    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    with gated_delta.continuing_with_leading_pads(torch.tensor([0, 6]), 20):
+        out, final = gated_delta._continued_kernel(**x, initial_state=state, **kwargs)
+    for row, pads in ((0, 0), (1, 6)):  # each row as its real tokens alone
+        alone = {name: value[row:row + 1, pads:] for name, value in x.items()}
+        expected_out, expected_state = REFERENCE(**alone, initial_state=state[row:row + 1], **kwargs)
+        torch.testing.assert_close(out[row:row + 1, pads:], expected_out, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(final[row:row + 1], expected_state, atol=2e-5, rtol=1e-4)
+
+
+def test_capture_takes_the_state_before_the_last_tokens():
+    x = inputs(2, 40)
+    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    with gated_delta.capturing_states_before_last(7) as captured:
+        out, final = gated_delta._continued_kernel(**x, **kwargs)
+    expected_out, expected_final = REFERENCE(**x, **kwargs)
+    torch.testing.assert_close(out, expected_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(final, expected_final, atol=2e-5, rtol=1e-4)
+    _, expected_head = REFERENCE(**{name: value[:, :33] for name, value in x.items()}, **kwargs)
+    torch.testing.assert_close(captured.recurrent[0], expected_head, atol=2e-5, rtol=1e-4)
+    conv_input = torch.randn(2, 8, 40)  # the convolution records the 4 inputs before the last 7
+    with gated_delta.capturing_states_before_last(7) as captured:
+        gated_delta._continued_conv(CONV_REFERENCE)(conv_input, torch.randn(8, 4))
+    torch.testing.assert_close(captured.conv[0], conv_input[..., 29:33])
 
 
 def test_chunk_size_rule():

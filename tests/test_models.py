@@ -434,6 +434,18 @@ def test_prefix_store_continues_conversations_exactly(which, tiny_cfg, tiny_llam
         continued = stored.decoder._prefill(prompts(later), 0)[1]
         assert store.hits - hits == len(later)
         torch.testing.assert_close(continued, plain.decoder._prefill(prompts(later), 0)[1], atol=1e-4, rtol=1e-4)
+        # one call mixing a continued, a stored and a new conversation: three passes joined into one cache
+        mixed = prompts([later[0] + [{"role": "assistant", "content": "7"}, {"role": "user", "content": "Higher."}],
+                         conversations[1], [{"role": "user", "content": "Something else entirely."}]])
+        joined = stored.decoder._prefill(mixed, 4)
+        torch.testing.assert_close(joined[1], plain.decoder._prefill(mixed, 4)[1], atol=1e-4, rtol=1e-4)
+    # ... and decoding from a joined cache
+    mixed = prompts([later[1] + [{"role": "assistant", "content": "2"}, {"role": "user", "content": "Lower."}],
+                     conversations[2], [{"role": "user", "content": "Yet another game."}]])
+    params = SamplingParams(0.0, max_new_tokens=6)
+    hits = store.hits
+    assert stored.decoder.generate(mixed, params, [0, 1, 2]) == plain.decoder.generate(mixed, params, [0, 1, 2])
+    assert store.hits - hits == 2
 
 
 def test_prefix_store_keeps_the_longest_prefix_within_budget():
