@@ -107,7 +107,9 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int | None = 
 
 # ------------------------------------------------------------------ continuing rows that are padded in the middle
 
-_LEADING_PADS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("leading_pads", default=None)
+# (pads per row, new tokens per row) of the continuation in progress
+_LEADING_PADS: contextvars.ContextVar[tuple[torch.Tensor, int] | None] = contextvars.ContextVar("leading_pads",
+                                                                                                default=None)
 
 
 @contextlib.contextmanager
@@ -191,9 +193,9 @@ def _continued_conv(reference):
     """The causal convolution of a continuation ([batch, channels, cached inputs + new]): each row's cached inputs
     moved next to its first real token, the pads before them zeroed, then ``reference``."""
     def conv(hidden_states, weight, *args, **kwargs):
-        pads = _LEADING_PADS.get()
-        if pads is not None:
-            pads, new = pads
+        continuation = _LEADING_PADS.get()
+        if continuation is not None:
+            pads, new = continuation
             total = hidden_states.shape[-1]
             time = torch.arange(total, device=hidden_states.device).unsqueeze(0)
             shift = pads.to(hidden_states.device).unsqueeze(1)
