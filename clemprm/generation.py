@@ -499,10 +499,10 @@ class Decoder:
 
     def __init__(self, model, *, eos_token_ids, pad_token_id: int, sequence_bias: dict[int, float] | None = None,
                  generation_prompt: list[int] | None = None, prefix_store_bytes: int = 0):
-        """``generation_prompt``: the tokens a chat template appends to open the model's turn. Prompts that end with
-        them are prefilled in two parts, the conversation and then these tokens, and the state after the
-        conversation is kept in a :class:`PrefixStore` of ``prefix_store_bytes`` (0: off): the next turn of that
-        conversation (which starts with it) or a fork of it prefills only its new tokens."""
+        """``generation_prompt``: the tokens a chat template appends to open the model's turn. For prompts that end
+        with them, the state after the conversation (the prompt without them) is kept in a :class:`PrefixStore` of
+        ``prefix_store_bytes`` (0: off): the next turn of that conversation (which starts with it) or a fork of it
+        prefills only its new tokens (see :meth:`_prefill`)."""
         self.model = model
         self.eos = sorted(set(int(i) for i in eos_token_ids))
         if not self.eos:
@@ -528,6 +528,11 @@ class Decoder:
     @property
     def device(self):
         return next(self.model.parameters()).device
+
+    def forget_conversations(self) -> None:
+        """Empty the prefix store (benchmarks start each timed run cold, as a pipeline stage does)."""
+        if self.prefix_store is not None:
+            self.prefix_store.clear()
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, last_only: bool):
         kwargs = {self._cache_kw: cache, "use_cache": True}
@@ -582,7 +587,7 @@ class Decoder:
         prompt without it) is stored prefills the generation prompt only; one whose earlier part is stored (the
         last turn) prefills the rest; others are prefilled in full. Each group is one forward pass that also takes
         the state at the end of its conversations for the store. Groups are joined into one cache to decode."""
-        generation_prompt = list(self.generation_prompt)
+        generation_prompt = self.generation_prompt
         tail = len(generation_prompt)
         if self.prefix_store is None or not all(len(p) > tail and list(p[-tail:]) == generation_prompt
                                                 for p in unique_prompts):

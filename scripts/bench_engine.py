@@ -70,8 +70,7 @@ def main() -> None:
     samples, responses = {name: [] for name in runs}, {}
     for _ in range(args.repeats):
         for name, run in runs.items():
-            if policy.decoder.prefix_store is not None:  # every run starts cold, as a pipeline stage does
-                policy.decoder.prefix_store.clear()
+            policy.decoder.forget_conversations()  # every run starts cold, as a pipeline stage does
             start = time.perf_counter()
             responses[name] = run()
             samples[name].append(time.perf_counter() - start)

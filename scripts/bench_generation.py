@@ -82,8 +82,7 @@ def hf_generate(policy: PolicyModel, perspectives, params: SamplingParams, seed:
 def ours_generate(policy: PolicyModel, perspectives, params: SamplingParams, seed: int):
     prompts = [policy.tokenizer(policy.render(m), add_special_tokens=False)["input_ids"] for m in perspectives]
     seeds = [seed * 1000 + i for i in range(len(prompts))]
-    if policy.decoder.prefix_store is not None:  # cold, like HF: no conversation state kept from an earlier run
-        policy.decoder.prefix_store.clear()
+    policy.decoder.forget_conversations()  # cold, like HF: no conversation state kept from an earlier run
     return [ids for ids, _ in policy.decoder.generate(prompts, params, seeds, token_budget=policy.cfg.token_budget)]
 
 

@@ -49,14 +49,11 @@ def main() -> None:
           f"{n_continuations} continuations, greedy, max {args.max_new_tokens} new tokens, {args.threads} threads")
     labels.label_chunk(engine, states, live[:4], settings["labels"])  # warm-up, untimed
 
-    store = policy.decoder.prefix_store  # both runs start cold, as the soft-label stage does
-    if store is not None:
-        store.clear()
+    policy.decoder.forget_conversations()  # both runs start cold, as the soft-label stage does
     start = time.perf_counter()
     rows = labels.label_chunk(engine, states, live, settings["labels"])
     engine_seconds = time.perf_counter() - start
-    if store is not None:
-        store.clear()
+    policy.decoder.forget_conversations()
     start = time.perf_counter()
     reference = run_clemcore_branching(states.states(live), args.k, settings["labels"]["aborted_value"])
     reference_seconds = time.perf_counter() - start
