@@ -16,6 +16,7 @@ from clemprm.models import ModelConfig, load_tokenizer_and_model  # noqa: E402
 gated_delta.install()
 REFERENCE = qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference
 CONV_REFERENCE = qwen3_5.causal_conv1d_fn.clemprm_reference
+CONV_STEP_REFERENCE = qwen3_5.causal_conv1d_update.clemprm_reference
 
 
 def inputs(batch, length, k_heads=2, v_heads=4, dim=16, decay_scale=1.0, seed=0, requires_grad=False):
@@ -105,6 +106,34 @@ def test_capture_takes_the_state_before_the_last_tokens():
     with gated_delta.capturing_states_before_last(7) as captured:
         gated_delta._continued_conv(CONV_REFERENCE)(conv_input, torch.randn(8, 4))
     torch.testing.assert_close(captured.conv[0], conv_input[..., 29:33])
+
+
+@pytest.mark.parametrize("state_at", [0, 1, 16, 25, 40])
+def test_state_at_any_position_in_one_call(state_at):
+    """The state after the first ``state_at`` tokens: at a chunk boundary (16 here) or not, at the ends too."""
+    x = inputs(2, 40)
+    initial = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(2)) * 0.1
+    kwargs = dict(initial_state=initial, use_qk_l2norm_in_kernel=True)
+    out, final, there = gated_delta.chunk_gated_delta_rule_with_state_at(**x, state_at=state_at, chunk_size=16,
+                                                                          **kwargs)
+    expected_out, expected_final = REFERENCE(**x, output_final_state=True, **kwargs)
+    torch.testing.assert_close(out, expected_out, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(final, expected_final, atol=2e-5, rtol=1e-4)
+    expected_there = initial if state_at == 0 else REFERENCE(**{name: value[:, :state_at] for name, value in x.items()},
+                                                             output_final_state=True, **kwargs)[1]
+    torch.testing.assert_close(there, expected_there, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_conv_step_matches_reference(with_bias):
+    gen = torch.Generator().manual_seed(3)
+    hidden, state, weight = torch.randn(5, 8, 1, generator=gen), torch.randn(5, 8, 4, generator=gen), torch.randn(8, 4)
+    bias = torch.randn(8, generator=gen) if with_bias else None
+    expected_state = state.clone()
+    expected = CONV_STEP_REFERENCE(hidden, expected_state, weight, bias, "silu")
+    out = qwen3_5.causal_conv1d_update(hidden, state, weight, bias, "silu")
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(state, expected_state)  # the window moved on by the new input
 
 
 def test_chunk_size_rule():
