@@ -202,12 +202,12 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
         query, key, value = (torch.where(padded[:, :, None, None], 0.0, x) for x in (query, key, value))
         g, beta = (torch.where(padded[:, :, None], 0.0, x) for x in (g, beta))
     capture = _CAPTURE.get()
-    if capture is None or not capture.last:
-        return chunk_gated_delta_rule(query, key, value, g, beta, *args, **kwargs)
+    state_at = query.shape[1] - capture.last if capture is not None and capture.last else None
     out, final, state = chunk_gated_delta_rule_with_state_at(
-        query, key, value, g, beta, query.shape[1] - capture.last, kwargs.get("chunk_size"),
+        query, key, value, g, beta, state_at, kwargs.get("chunk_size"),
         initial_state=kwargs.get("initial_state"), use_qk_l2norm_in_kernel=kwargs.get("use_qk_l2norm_in_kernel", False))
-    capture.recurrent.append(state)
+    if state_at is not None:
+        capture.recurrent.append(state)
     return out, (final if kwargs.get("output_final_state", False) else None)
 
 
