@@ -325,8 +325,8 @@ def test_wordref_success_and_lose(clem, benchmarks):
     assert (role1, role2) == ("Describer", "Guesser")
     assert "apple, tiger, chair" in describer_context and "target word is tiger" in describer_context
     assert "DESCRIPTION: <your description>" in describer_context
-    assert "chair, apple, tiger" in guesser_context and '"a big striped cat"' in guesser_context
-    assert "ANSWER: <word>" in guesser_context and "Which of the three words (chair, apple, tiger)" in guesser_context
+    assert "The three words are chair, apple and tiger." in guesser_context
+    assert '"a big striped cat"' in guesser_context and "ANSWER: <word>" in guesser_context
     assert result.interactions["players"]["Player 1"]["game_role"] == "Describer"
     lose = wr(clem, benchmarks, ["DESCRIPTION: a big striped cat", "ANSWER: apple"])
     assert lose.outcome == "Lose" and lose.main_score == 0

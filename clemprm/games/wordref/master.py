@@ -45,9 +45,9 @@ DESCRIBER_PROMPT = (
     "Answer with one line in this format:\n{answer_format}"
 )
 GUESSER_PROMPT = (
-    "Let's play a word game. The words are: {words}. Another player described one of them:\n"
+    "Let's play a word game. Another player described one of three words:\n"
     "\"{description}\"\n"
-    "Which of the three words ({words}) was described? Answer with one line in this format:\n{answer_format}"
+    "The three words are {options}. Which word was described? Answer with one line in this format:\n{answer_format}"
 )
 
 KEY_TARGET = "Target"
@@ -60,7 +60,8 @@ def describer_prompt(words: list[str], target: str) -> str:
 
 
 def guesser_prompt(words: list[str], description: str) -> str:
-    return GUESSER_PROMPT.format(words=", ".join(words), description=description, answer_format=ANSWER_FORMAT)
+    options = ", ".join(words[:-1]) + " and " + words[-1]
+    return GUESSER_PROMPT.format(options=options, description=description, answer_format=ANSWER_FORMAT)
 
 
 def parse_description(response, mode: str, candidates: list[str]) -> str:
