@@ -72,31 +72,30 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int | None = 
 def chunk_gated_delta_rule_with_state_at(query, key, value, g, beta, state_at: int | None, chunk_size=None,
                                          initial_state=None, use_qk_l2norm_in_kernel: bool = False):
     """:func:`chunk_gated_delta_rule` that also returns the recurrent state after the first ``state_at`` tokens
-    (None: not asked): (output, final state, that state). The sequence is padded at the front so that
-    ``state_at`` falls on a chunk boundary, where the scan has the state anyway (pads with g = 0 and beta = 0 leave
-    it as is), so no second call is needed."""
+    (None: not asked): (output, final state, that state). Within its chunk, that state is the chunk's state update
+    restricted to the chunk's first tokens (one more small matmul), so no second call is needed."""
     out_dtype = query.dtype
     batch, length, k_heads, k_dim = key.shape
     v_heads, v_dim = value.shape[-2:]
-    if k_heads != v_heads:  # grouped value heads: each query/key head serves consecutive value heads
-        query = query.repeat_interleave(v_heads // k_heads, dim=2)
-        key = key.repeat_interleave(v_heads // k_heads, dim=2)
-    query, key, value, beta, g = [x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
-                                  for x in (query, key, value, beta, g)]
+    chunk = chunk_size or chunk_size_for(batch * v_heads, max(k_dim, v_dim))
+    pad = -length % chunk  # zero padding at the end: beta = 0 and g = 0 leave the state as is
+    n_chunks = (length + pad) // chunk
+    state_chunk, state_offset = divmod(state_at, chunk) if state_at is not None else (None, 0)
+
+    def chunk_major(x):  # [batch, time, heads(, dim)] -> contiguous fp32 [chunks, batch, heads, chunk(, dim)]
+        x = F.pad(x.to(torch.float32), (0, 0) * (x.dim() - 2) + (0, pad))
+        return x.reshape(batch, n_chunks, chunk, *x.shape[2:]).transpose(0, 1).transpose(2, 3).contiguous()
+
+    # every tensor chunk-major from here on: the scan reads one contiguous block per chunk, with no copies
+    query, key, value, beta, g = (chunk_major(x) for x in (query, key, value, beta, g))
     if use_qk_l2norm_in_kernel:
         query, key = l2norm(query), l2norm(key)
     query = query * k_dim ** -0.5
-
-    chunk = chunk_size or chunk_size_for(batch * v_heads, max(k_dim, v_dim))
-    lead = (-state_at) % chunk if state_at is not None else 0
-    pad = (chunk - (lead + length) % chunk) % chunk  # zero padding: beta = 0 and g = 0 leave the state as is
-    query, key, value = (F.pad(x, (0, 0, lead, pad)) for x in (query, key, value))
-    beta, g = (F.pad(x, (lead, pad)) for x in (beta, g))
-    n_chunks = (lead + length + pad) // chunk
-    state_at_chunk = (lead + state_at) // chunk if state_at is not None else None
-    query, key, value = (x.reshape(batch, v_heads, n_chunks, chunk, -1) for x in (query, key, value))
-    beta = beta.reshape(batch, v_heads, n_chunks, chunk, 1)
-    cum = g.reshape(batch, v_heads, n_chunks, chunk).cumsum(-1)   # log decay from the chunk start to position t
+    if k_heads != v_heads:  # grouped value heads: each query/key head serves consecutive value heads
+        query = query.repeat_interleave(v_heads // k_heads, dim=2)
+        key = key.repeat_interleave(v_heads // k_heads, dim=2)
+    beta = beta.unsqueeze(-1)
+    cum = g.cumsum(-1)   # log decay from the chunk start to position t
 
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=query.device).triu(1)
     pair_decay = decay(cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, 0.0)
@@ -106,30 +105,44 @@ def chunk_gated_delta_rule_with_state_at(query, key, value, g, beta, state_at: i
     intra_attn = (query @ key.transpose(-1, -2)) * pair_decay
     solved = torch.linalg.solve_triangular(ut_system, torch.cat([value * beta, k_beta * start_decay], dim=-1),
                                            upper=False, unitriangular=True)
-    new_values, k_cumdecay = solved[..., :v_dim], solved[..., v_dim:]
 
-    # the sequential scan over chunks, on chunk-major copies (contiguous per chunk: fast small matmuls); the
-    # state is read twice per chunk (by the decayed keys and by the queries), in one matmul
-    reads = torch.cat([k_cumdecay, query * start_decay], dim=-2).permute(2, 0, 1, 3, 4).contiguous()
-    new_values = new_values.permute(2, 0, 1, 3, 4).contiguous()
-    intra_attn = intra_attn.permute(2, 0, 1, 3, 4).contiguous()
-    keys_t = (key * decay(cum[..., -1:] - cum).unsqueeze(-1)).permute(2, 0, 1, 4, 3).contiguous()
-    chunk_decay = decay(cum[..., -1]).permute(2, 0, 1)[..., None, None]
-    state = (torch.zeros(batch, v_heads, k_dim, v_dim, dtype=torch.float32, device=query.device)
-             if initial_state is None else initial_state.to(torch.float32))
+    # the sequential scan over chunks, batch and heads flattened (3-d matmuls); the state is read twice per chunk
+    # (by the decayed keys and by the queries), in one matmul
+    rows = batch * v_heads
+    new_values = solved[..., :v_dim].reshape(n_chunks, rows, chunk, v_dim)
+    reads = torch.cat([solved[..., v_dim:], query * start_decay], dim=-2).reshape(n_chunks, rows, 2 * chunk, k_dim)
+    intra_attn = intra_attn.reshape(n_chunks, rows, chunk, chunk)
+    keys_t = (key * decay(cum[..., -1:] - cum).unsqueeze(-1)).transpose(-1, -2).reshape(n_chunks, rows, k_dim, chunk)
+    chunk_decay = decay(cum[..., -1]).reshape(n_chunks, rows, 1, 1)
+    state = (torch.zeros(rows, k_dim, v_dim, dtype=torch.float32, device=query.device) if initial_state is None
+             else initial_state.to(torch.float32).reshape(rows, k_dim, v_dim))
     outputs, state_there = [], None
     for i in range(n_chunks):
-        if i == state_at_chunk:
-            state_there = state
-        read = reads[i] @ state
-        v_new = new_values[i] - read[..., :chunk, :]
-        outputs.append(read[..., chunk:, :] + intra_attn[i] @ v_new)
-        state = state * chunk_decay[i] + keys_t[i] @ v_new
-    if state_at_chunk == n_chunks:
+        read = torch.bmm(reads[i], state)
+        v_new = new_values[i] - read[:, :chunk]
+        if i == state_chunk:
+            state_there = state if not state_offset else _state_within(state, key[i], cum[i], v_new, state_offset)
+        outputs.append(torch.baddbmm(read[:, chunk:], intra_attn[i], v_new))
+        state = torch.baddbmm(state * chunk_decay[i], keys_t[i], v_new)
+    if state_chunk == n_chunks:
         state_there = state
-    out = torch.stack(outputs, dim=2).reshape(batch, v_heads, -1, v_dim)[:, :, lead:lead + length]
-    out = out.transpose(1, 2).to(out_dtype, memory_format=torch.contiguous_format)
+    out = torch.stack(outputs).reshape(n_chunks, batch, v_heads, chunk, v_dim)
+    out = out.permute(1, 0, 3, 2, 4).reshape(batch, -1, v_heads, v_dim)[:, :length]
+    out = out.to(out_dtype, memory_format=torch.contiguous_format)
+    state = state.reshape(batch, v_heads, k_dim, v_dim)
+    if state_there is not None:
+        state_there = state_there.reshape(batch, v_heads, k_dim, v_dim)
     return out, state, state_there
+
+
+def _state_within(state, key, cum, v_new, offset: int):
+    """The state after the first ``offset`` tokens of a chunk: its state update restricted to them. ``state``
+    [rows, k, v] at the chunk start; ``key`` [batch, heads, chunk, k], ``cum`` [batch, heads, chunk] the chunk's
+    keys and cumulative log decays; ``v_new`` [rows, chunk, v] its corrected values."""
+    rows = state.shape[0]
+    last = cum[..., offset - 1:offset]
+    keys = (key[..., :offset, :] * decay(last - cum[..., :offset]).unsqueeze(-1)).reshape(rows, offset, -1)
+    return torch.baddbmm(state * decay(last).reshape(rows, 1, 1), keys.transpose(-1, -2), v_new[:, :offset])
 
 
 # ------------------------------------------------------------------ continuing rows that are padded in the middle
@@ -211,27 +224,41 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
     return out, (final if kwargs.get("output_final_state", False) else None)
 
 
-def _continued_conv(reference):
-    """The causal convolution of a continuation ([batch, channels, cached inputs + new]): each row's cached inputs
-    moved next to its first real token, the pads before them zeroed, then ``reference``."""
-    def conv(hidden_states, weight, *args, **kwargs):
-        continuation = _LEADING_PADS.get()
-        if continuation is not None:
-            pads, new = continuation
-            total = hidden_states.shape[-1]
-            time = torch.arange(total, device=hidden_states.device).unsqueeze(0)
-            shift = pads.to(hidden_states.device).unsqueeze(1)
-            cached = total - new                                   # the cache keeps the last `kernel` inputs
-            source = torch.where(time < shift + cached, time - shift, time)
-            moved = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
-            hidden_states = torch.where((time < shift).unsqueeze(1), 0.0, moved)
-        capture = _CAPTURE.get()
-        if capture is not None and capture.last:  # the inputs the cache would keep, before the last tokens
-            kernel, end = weight.shape[-1], hidden_states.shape[-1] - capture.last
-            kept = hidden_states[..., max(0, end - kernel):end]
-            capture.conv.append(F.pad(kept, (kernel - kept.shape[-1], 0)))
-        return reference(hidden_states, weight, *args, **kwargs)
-    return conv
+def _continued_conv(hidden_states, weight, *args, **kwargs):
+    """The causal convolution ([batch, channels, cached inputs + new]) by :func:`_causal_conv`; in a continuation
+    each row's cached inputs are first moved next to its first real token and the pads before them zeroed."""
+    continuation = _LEADING_PADS.get()
+    if continuation is not None:
+        pads, new = continuation
+        total = hidden_states.shape[-1]
+        time = torch.arange(total, device=hidden_states.device).unsqueeze(0)
+        shift = pads.to(hidden_states.device).unsqueeze(1)
+        cached = total - new                                   # the cache keeps the last `kernel` inputs
+        source = torch.where(time < shift + cached, time - shift, time)
+        moved = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
+        hidden_states = torch.where((time < shift).unsqueeze(1), 0.0, moved)
+    capture = _CAPTURE.get()
+    if capture is not None and capture.last:  # the inputs the cache would keep, before the last tokens
+        kernel, end = weight.shape[-1], hidden_states.shape[-1] - capture.last
+        kept = hidden_states[..., max(0, end - kernel):end]
+        capture.conv.append(F.pad(kept, (kernel - kept.shape[-1], 0)))
+    return _causal_conv(hidden_states, weight, *args, **kwargs)
+
+
+def _causal_conv(hidden_states, weight, bias=None, activation=None, **kwargs):
+    """transformers' ``causal_conv1d_fn`` (depthwise, left padded by ``kernel - 1``) as shifted multiply-adds:
+    ~4x faster than oneDNN's depthwise ``F.conv1d`` on CPU at batch 36 x 116 tokens x 128 channels, and the result
+    keeps the input's memory layout (the layer's [batch, time, channels] view stays contiguous after its transpose)."""
+    inputs = hidden_states.to(weight.dtype)
+    length, kernel = inputs.shape[-1], weight.shape[-1]
+    out = inputs * weight[:, kernel - 1:kernel]
+    for shift in range(1, min(kernel, length)):
+        out[..., shift:].addcmul_(inputs[..., :length - shift], weight[:, kernel - 1 - shift:kernel - shift])
+    if bias is not None:
+        out = out + bias.unsqueeze(-1)
+    if activation is not None:
+        out = ACT2FN[activation](out)
+    return out.to(hidden_states.dtype)
 
 
 def _conv_step(reference):
@@ -275,7 +302,7 @@ def install() -> None:
             module.torch_chunk_gated_delta_rule = _dispatching(kernel, _continued_kernel)
         conv = getattr(module, "causal_conv1d_fn", None)
         if conv is not None and not hasattr(conv, "clemprm_reference"):
-            module.causal_conv1d_fn = _dispatching(conv, _continued_conv(conv))
+            module.causal_conv1d_fn = _dispatching(conv, _continued_conv)
         conv_step = getattr(module, "causal_conv1d_update", None)
         if conv_step is not None and not hasattr(conv_step, "clemprm_reference"):
             module.causal_conv1d_update = _dispatching(conv_step, _conv_step(conv_step))

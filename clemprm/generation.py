@@ -554,9 +554,22 @@ class Decoder:
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], *,
                  token_budget: int = 16384) -> list[tuple[list[int], str]]:
         """``(new token ids incl. a final end token, "stop"|"length")`` per prompt, in input order."""
-        results: list[Any] = [None] * len(prompts)
         if params.max_new_tokens <= 0:
             return [([], "length") for _ in prompts]
+        if params.greedy:  # greedy answers depend on the prompt only: decode each distinct prompt once
+            first: dict[tuple, int] = {}
+            for i, prompt in enumerate(prompts):
+                first.setdefault(tuple(prompt), i)
+            if len(first) < len(prompts):
+                rows = list(first.values())
+                answers = self._generate_each([prompts[i] for i in rows], params, [seeds[i] for i in rows],
+                                              token_budget)
+                slot = {i: j for j, i in enumerate(rows)}
+                return [(list(answers[slot[first[tuple(p)]]][0]), answers[slot[first[tuple(p)]]][1]) for p in prompts]
+        return self._generate_each(prompts, params, seeds, token_budget)
+
+    def _generate_each(self, prompts, params: SamplingParams, seeds: list[int], token_budget: int):
+        results: list[Any] = [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         batch: list[int] = []
         for i in order:  # ascending length: a batch's padded length is its last (longest) prompt
@@ -921,9 +934,20 @@ class PolicyModel(_backends.BatchGenerativeModel):
                 except Exception as error:
                     rendered[key] = error
         texts = [(key, text) for key, text in rendered.items() if isinstance(text, str)]
-        ids = self.tokenizer([text for _, text in texts], add_special_tokens=False)["input_ids"] if texts else []
+        ids = self._tokenize([text for _, text in texts]) if texts else []
         by_key = {key: (text, row_ids) for (key, text), row_ids in zip(texts, ids)}
         return [by_key.get(key, rendered[key]) for key in keys]
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of ``texts`` (no special tokens added): a fast tokenizer's Rust ``encode_batch_fast`` (ids
+        only, no offsets: ~30% faster than the tokenizer's ``__call__``, the same ids), else ``__call__``. The
+        backend keeps the padding and truncation of the last ``__call__`` that asked for them (e.g. a user's
+        ``tokenizer(texts, padding=True)``); then ``__call__`` is used, which resets them."""
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if (hasattr(backend, "encode_batch_fast") and getattr(backend, "padding", None) is None
+                and getattr(backend, "truncation", None) is None):
+            return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     @augment_response_object
     def generate_batch_response(self, batch_messages: list[list[dict]]) -> list[tuple[Any, Any, str]]:

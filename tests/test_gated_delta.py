@@ -104,7 +104,7 @@ def test_capture_takes_the_state_before_the_last_tokens():
     torch.testing.assert_close(captured.recurrent[0], expected_head, atol=2e-5, rtol=1e-4)
     conv_input = torch.randn(2, 8, 40)  # the convolution records the 4 inputs before the last 7
     with gated_delta.capturing_states_before_last(7) as captured:
-        gated_delta._continued_conv(CONV_REFERENCE)(conv_input, torch.randn(8, 4))
+        gated_delta._continued_conv(conv_input, torch.randn(8, 4))
     torch.testing.assert_close(captured.conv[0], conv_input[..., 29:33])
 
 
@@ -134,6 +134,22 @@ def test_conv_step_matches_reference(with_bias):
     out = qwen3_5.causal_conv1d_update(hidden, state, weight, bias, "silu")
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(state, expected_state)  # the window moved on by the new input
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 37])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("time_major", [False, True])
+def test_causal_conv_matches_reference(length, with_bias, time_major):
+    """Shorter and longer than the kernel, with and without bias, on a [batch, channels, time] tensor and on the
+    transposed [batch, time, channels] one the layer passes (whose layout the result keeps)."""
+    gen = torch.Generator().manual_seed(4)
+    hidden = (torch.randn(3, length, 8, generator=gen).transpose(1, 2) if time_major
+              else torch.randn(3, 8, length, generator=gen))
+    weight = torch.randn(8, 4, generator=gen)
+    bias = torch.randn(8, generator=gen) if with_bias else None
+    out = qwen3_5.causal_conv1d_fn(hidden, weight, bias, activation="silu")
+    torch.testing.assert_close(out, CONV_REFERENCE(hidden, weight, bias, activation="silu"), atol=1e-6, rtol=1e-5)
+    assert out.transpose(1, 2).is_contiguous() == time_major or length == 1
 
 
 def test_chunk_size_rule():

@@ -182,10 +182,23 @@ def test_greedy_equals_hf_generate(policy):
     # micro-batches (a tiny token budget) and single rows give the same tokens, in input order
     assert our_ids(policy, MESSAGES, params, token_budget=64) == expected
     assert [our_ids(policy, [m], params)[0] for m in MESSAGES] == expected
+    # repeated prompts (decoded once when greedy) get the same answers, as separate lists
+    repeated = our_ids(policy, MESSAGES[:2] + MESSAGES + MESSAGES[1:2], params)
+    assert repeated == expected[:2] + expected + expected[1:2] and repeated[0] is not repeated[2]
     generations = policy.generate(MESSAGES, temperature=0.0, max_new_tokens=20)
     assert [g.raw_text for g in generations] == [policy.tokenizer.decode(e, skip_special_tokens=True)
                                                  for e in expected]
     assert [g.new_tokens for g in generations] == [len(e) for e in expected]
+
+
+def test_prompt_tokenization_is_unpadded_after_a_padding_call(policy):
+    """The decoder tokenises through the Rust backend, whose padding a user's ``tokenizer(..., padding=True)``
+    leaves switched on."""
+    texts = ["short", "a much longer text than the first one, with more tokens"]
+    expected = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert policy._tokenize(texts) == expected and len(expected[0]) < len(expected[1])
+    policy.tokenizer(texts, add_special_tokens=False, padding=True, truncation=True, max_length=8)
+    assert policy._tokenize(texts) == expected
 
 
 def test_sampling_is_per_row_deterministic(policy):
