@@ -10,8 +10,8 @@ heads, arguments far below -87 whose results underflow. Both take the slow path 
 :func:`chunk_gated_delta_rule` computes the same function: the exponents of every decay are clamped to [-60, 0]
 (:func:`decay`; a decay below e^-60 ~ 1e-26 is zero at fp32 precision next to the within-chunk terms, and clamped
 decays never produce the subnormal floats that slowed the state reads down tenfold) and the upper triangle is zeroed
-after the exp, the two triangular solves share one call, the scan over chunks runs on chunk-major copies (one
-contiguous matmul per state read), and chunks are shorter (32 tokens, 16 for many rows of small heads), which
+after the exp, the two triangular solves share one call, every tensor is laid out chunk-major from the start (the scan
+reads one contiguous block per chunk, with fused 3-d matmuls), and chunks are shorter (32 tokens, 16 for many rows of small heads), which
 cuts the elementwise work per token. It matches the reference to ~1e-6
 (tests/test_gated_delta.py) and made the tiny test model's batched prefill about 1.6x faster
 (scripts/bench_engine.py). :func:`install` routes CPU calls of the Qwen modules to it; CUDA calls and packed

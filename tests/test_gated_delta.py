@@ -152,6 +152,18 @@ def test_causal_conv_matches_reference(length, with_bias, time_major):
     assert out.transpose(1, 2).is_contiguous() == time_major or length == 1
 
 
+def test_causal_conv_gradients_match_reference():
+    gen = torch.Generator().manual_seed(5)
+    hidden, weight, bias = torch.randn(2, 8, 9, generator=gen), torch.randn(8, 4, generator=gen), torch.randn(8)
+    grads = []
+    for conv in (qwen3_5.causal_conv1d_fn, CONV_REFERENCE):
+        leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+        conv(*leaves, activation="silu").square().sum().backward()
+        grads.append([leaf.grad for leaf in leaves])
+    for ours, reference in zip(*grads):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-4)
+
+
 def test_chunk_size_rule():
     assert gated_delta.chunk_size_for(rows=4, head_dim=16) == gated_delta.CHUNK
     assert gated_delta.chunk_size_for(rows=128, head_dim=16) == gated_delta.SMALL_CHUNK
