@@ -10,9 +10,9 @@ heads, arguments far below -87 whose results underflow. Both take the slow path 
 :func:`chunk_gated_delta_rule` computes the same function: the exponents of every decay are clamped to [-60, 0]
 (:func:`decay`; a decay below e^-60 ~ 1e-26 is zero at fp32 precision next to the within-chunk terms, and clamped
 decays never produce the subnormal floats that slowed the state reads down tenfold) and the upper triangle is zeroed
-after the exp, the two triangular solves share one call, every tensor is laid out chunk-major from the start (the scan
-reads one contiguous block per chunk, with fused 3-d matmuls), and chunks are shorter (32 tokens, 16 for many rows of small heads), which
-cuts the elementwise work per token. It matches the reference to ~1e-6
+after the exp, the two triangular solves share one call, every tensor is laid out chunk-major from the start
+(the scan reads one contiguous block per chunk, with fused 3-d matmuls), and chunks are shorter (32 tokens, 16
+for many rows of small heads), which cuts the elementwise work per token. It matches the reference to ~1e-6
 (tests/test_gated_delta.py) and made the tiny test model's batched prefill about 1.6x faster
 (scripts/bench_engine.py). :func:`install` routes CPU calls of the Qwen modules to it; CUDA calls and packed
 sequences keep transformers' path (flash-linear-attention when installed).
@@ -187,7 +187,7 @@ _CAPTURE: contextvars.ContextVar[CapturedStates | None] = contextvars.ContextVar
 @contextlib.contextmanager
 def capturing_states_before_last(last: int):
     """Within the block, CPU Gated-DeltaNet layers also record their states as they were before the last ``last``
-    tokens of each row (the kernel runs in two parts, split there), so that one forward pass gives both the state
+    tokens of each row (taken within the same kernel call), so that one forward pass gives both the state
     at the end of a conversation and, after the generation prompt, the state to decode from."""
     captured = CapturedStates(last)
     token = _CAPTURE.set(captured)
@@ -254,11 +254,16 @@ def _causal_conv(hidden_states, weight, bias=None, activation=None, **kwargs):
     out = inputs * weight[:, kernel - 1:kernel]
     for shift in range(1, min(kernel, length)):
         out[..., shift:].addcmul_(inputs[..., :length - shift], weight[:, kernel - 1 - shift:kernel - shift])
+    return _conv_output(out, bias, activation, hidden_states.dtype)
+
+
+def _conv_output(out, bias, activation, dtype):
+    """The convolution's bias and activation on its weighted sums ``out`` [batch, channels, time], in ``dtype``."""
     if bias is not None:
         out = out + bias.unsqueeze(-1)
     if activation is not None:
         out = ACT2FN[activation](out)
-    return out.to(hidden_states.dtype)
+    return out.to(dtype)
 
 
 def _conv_step(reference):
@@ -269,11 +274,7 @@ def _conv_step(reference):
             return reference(hidden_states, conv_state, weight, bias, activation)
         conv_state.copy_(torch.cat([conv_state[..., 1:], hidden_states.to(conv_state.dtype)], dim=-1))
         out = (conv_state.to(weight.dtype) * weight).sum(-1, keepdim=True)
-        if bias is not None:
-            out = out + bias.unsqueeze(-1)
-        if activation is not None:
-            out = ACT2FN[activation](out)
-        return out.to(hidden_states.dtype)
+        return _conv_output(out, bias, activation, hidden_states.dtype)
     return step
 
 

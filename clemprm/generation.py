@@ -554,22 +554,9 @@ class Decoder:
     def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], *,
                  token_budget: int = 16384) -> list[tuple[list[int], str]]:
         """``(new token ids incl. a final end token, "stop"|"length")`` per prompt, in input order."""
+        results: list[Any] = [None] * len(prompts)
         if params.max_new_tokens <= 0:
             return [([], "length") for _ in prompts]
-        if params.greedy:  # greedy answers depend on the prompt only: decode each distinct prompt once
-            first: dict[tuple, int] = {}
-            for i, prompt in enumerate(prompts):
-                first.setdefault(tuple(prompt), i)
-            if len(first) < len(prompts):
-                rows = list(first.values())
-                answers = self._generate_each([prompts[i] for i in rows], params, [seeds[i] for i in rows],
-                                              token_budget)
-                slot = {i: j for j, i in enumerate(rows)}
-                return [(list(answers[slot[first[tuple(p)]]][0]), answers[slot[first[tuple(p)]]][1]) for p in prompts]
-        return self._generate_each(prompts, params, seeds, token_budget)
-
-    def _generate_each(self, prompts, params: SamplingParams, seeds: list[int], token_budget: int):
-        results: list[Any] = [None] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         batch: list[int] = []
         for i in order:  # ascending length: a batch's padded length is its last (longest) prompt
@@ -704,21 +691,24 @@ class Decoder:
     def _decode(self, prompts, rows: list[int], params: SamplingParams, uniforms, results) -> None:
         device = self.device
         n_new = params.max_new_tokens
-        # identical prompts are prefilled once and their cache rows copied
+        # identical prompts are prefilled once; greedy answers depend on the prompt only, so they are also decoded
+        # once, while sampled rows (each with its own draws) get a copy of their prompt's cache row
         unique: dict[tuple, int] = {}
         inverse = [unique.setdefault(tuple(prompts[i]), len(unique)) for i in rows]
         cache, logits, attention, next_pos = self._prefill(list(unique), n_new)
-        if len(unique) < len(rows):
+        sequence_of = inverse if params.greedy else list(range(len(rows)))  # row -> decoded sequence
+        if not params.greedy and len(unique) < len(rows):
             expand = torch.tensor(inverse, dtype=torch.long, device=device)
             cache.reorder_cache(expand)
             logits, attention, next_pos = logits[expand], attention[expand], next_pos[expand]
+        n_sequences = logits.shape[0]
 
         eos = torch.tensor(self.eos, dtype=torch.long, device=device)
-        active = torch.arange(len(rows), device=device)     # batch slot -> index into rows
-        alive = torch.ones(len(rows), dtype=torch.bool, device=device)  # per slot
-        generated = torch.full((len(rows), n_new), -1, dtype=torch.long)
-        lengths = [0] * len(rows)
-        finish = ["length"] * len(rows)
+        active = torch.arange(n_sequences, device=device)     # batch slot -> decoded sequence
+        alive = torch.ones(n_sequences, dtype=torch.bool, device=device)  # per slot
+        generated = torch.full((n_sequences, n_new), -1, dtype=torch.long)
+        lengths = [0] * n_sequences
+        finish = ["length"] * n_sequences
         for step in range(n_new):
             step_uniforms = uniforms[active, step] if uniforms is not None else None
             logits = self._biased(logits)
@@ -728,10 +718,10 @@ class Decoder:
             tokens_cpu = tokens.cpu()
             active_cpu = active.cpu().tolist()
             alive_cpu = alive.cpu().tolist()
-            for slot, row in enumerate(active_cpu):
+            for slot, sequence in enumerate(active_cpu):
                 if alive_cpu[slot]:
-                    generated[row, step] = tokens_cpu[slot]
-                    lengths[row] = step + 1
+                    generated[sequence, step] = tokens_cpu[slot]
+                    lengths[sequence] = step + 1
             ended = torch.isin(tokens, eos) & alive
             for slot in ended.nonzero().squeeze(-1).tolist():
                 finish[active_cpu[slot]] = "stop"
@@ -749,8 +739,8 @@ class Decoder:
             attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=-1)
             logits = self._forward(tokens.unsqueeze(-1), attention, next_pos.unsqueeze(-1), cache, last_only=False)
             next_pos = next_pos + 1
-        for slot, i in enumerate(rows):
-            results[i] = (generated[slot, :lengths[slot]].tolist(), finish[slot])
+        for i, sequence in zip(rows, sequence_of):
+            results[i] = (generated[sequence, :lengths[sequence]].tolist(), finish[sequence])
 
 
 def sequence_bias_of(generation_config) -> dict[int, float]:
