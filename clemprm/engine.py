@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass
 
 from clemprm.catalog import GameCatalog, Instance
-from clemprm.clemcore_setup import import_clemcore
+from clemprm.clemcore_setup import import_clemcore, merge_roles
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,6 @@ def derive_seed(*parts) -> int:
     """A 63-bit seed from any parts (base seed, stage, episode id, turn): stable across machines and runs."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def merge_roles(messages: list[dict]) -> list[dict]:
-    """Messages as a model backend sends them: consecutive same-role messages joined (clemcore's rule)."""
-    import_clemcore()
-    from clemcore.backends.utils import ensure_alternating_roles
-
-    return [{"role": m["role"], "content": m["content"]} for m in ensure_alternating_roles(messages)]
 
 
 @dataclass(frozen=True)
@@ -66,6 +58,15 @@ def _recorder_class():
             super().count_request_violation()
 
     return EpisodeRecorder
+
+
+def shared_by_copies(env, benchmark) -> dict:
+    """The deep-copy memo that makes copies of a game env share what never changes: the benchmark, and the env's
+    gymnasium spaces (fixed when the env is made; holding random generators, they were the costliest part of
+    copying an env, and building them is the costliest part of making one)."""
+    static = [benchmark, benchmark.game_spec, getattr(env, "_observation_space", None),
+              getattr(env, "_action_space", None)]
+    return {id(obj): obj for obj in static if obj is not None}
 
 
 class Episode:
@@ -96,20 +97,12 @@ class Episode:
 
     def fork(self, episode_id: str | None = None, seed: int | None = None) -> "Episode":
         """An independent copy of this game at its current turn (the models are shared, not copied)."""
-        env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns), self._shared_objects())
+        env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns),
+                                             shared_by_copies(self.env, self.benchmark))
         clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
                         env, recorder, self.benchmark)
         clone.turns, clone.error, clone.pending = turns, self.error, self.pending
         return clone
-
-    def _shared_objects(self) -> dict:
-        """The deep-copy memo of a fork: what forks share instead of copying. The benchmark, and the env's
-        gymnasium spaces, which are fixed once the game is set up and, holding random generators, were the
-        costliest part of copying an env."""
-        static = [self.benchmark, self.benchmark.game_spec] + [
-            getattr(self.env, name, None)
-            for name in ("observation_spaces", "action_spaces", "_observation_space", "_action_space")]
-        return {id(obj): obj for obj in static if obj is not None}
 
     def drain_finished_agents(self) -> None:
         """Step terminated agents out (PettingZoo's final None step) until a live agent moves or none is left."""
@@ -176,11 +169,11 @@ class RolloutEngine:
         self.catalog = catalog
         self.sampling = sampling
         self._recorder_cls = _recorder_class()
+        self._blank_envs: dict[str, object] = {}  # game -> a GameMasterEnv never reset, copied for each episode
 
     def start(self, instance: Instance, models: list, episode_id: str, seed: int) -> Episode:
         """Set up a game (clemcore's reset); ``models`` gives one model per player, or one for all players."""
         from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList
-        from clemcore.clemgame.envs.pettingzoo.master import GameMasterEnv
 
         recorder_cls, recorders = self._recorder_cls, []
 
@@ -194,7 +187,8 @@ class RolloutEngine:
                 recorders.append(recorder)
 
         benchmark = self.catalog.benchmarks[instance.game]
-        env = GameMasterEnv(benchmark, callbacks=GameBenchmarkCallbackList([AttachRecorder()]))
+        env = self._new_env(benchmark)
+        env.callbacks = GameBenchmarkCallbackList([AttachRecorder()])
         episode = Episode(episode_id, instance, seed, env, None, benchmark)
         try:
             env.reset(options={"player_models": list(models), "experiment": copy.deepcopy(instance.experiment),
@@ -206,6 +200,16 @@ class RolloutEngine:
             episode.env.agents = []
             episode.fail(error)
         return episode
+
+    def _new_env(self, benchmark):
+        """A fresh ``GameMasterEnv`` of ``benchmark``: a copy of one blank env per game, sharing its gymnasium
+        spaces (making an env takes ~75 us, most of it building three gymnasium spaces; a copy ~20 us)."""
+        from clemcore.clemgame.envs.pettingzoo.master import GameMasterEnv
+
+        blank = self._blank_envs.get(benchmark.game_name)
+        if blank is None:
+            blank = self._blank_envs[benchmark.game_name] = GameMasterEnv(benchmark)
+        return copy.deepcopy(blank, shared_by_copies(blank, benchmark))
 
     @staticmethod
     def waiting(episode: Episode):

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from clemprm import gated_delta
-from clemprm.clemcore_setup import import_clemcore_backends
+from clemprm.clemcore_setup import import_clemcore_backends, merge_roles
 from clemprm.models import ModelConfig, load_tokenizer_and_model
 
 log = logging.getLogger(__name__)
@@ -782,7 +782,7 @@ def unsupported_generation_settings(generation_config) -> dict:
 import_clemcore_backends()
 import clemcore.backends as _backends  # noqa: E402
 from clemcore.backends.model_registry import ModelSpec  # noqa: E402
-from clemcore.backends.utils import augment_response_object, ensure_alternating_roles  # noqa: E402
+from clemcore.backends.utils import augment_response_object  # noqa: E402
 
 
 class PolicyModel(_backends.BatchGenerativeModel):
@@ -850,8 +850,7 @@ class PolicyModel(_backends.BatchGenerativeModel):
 
     def render(self, messages: list[dict]) -> str:
         """The prompt text: roles merged as clemcore backends do, chat template with the generation prompt."""
-        merged = [{"role": m["role"], "content": m["content"]} for m in ensure_alternating_roles(list(messages))]
-        return self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=False,
+        return self.tokenizer.apply_chat_template(merge_roles(messages), add_generation_prompt=True, tokenize=False,
                                                   **self.cfg.chat_template_kwargs)
 
     def generate(self, perspectives: list[list[dict]], *, seeds: list[int] | None = None,

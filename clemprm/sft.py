@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
+from clemprm.clemcore_setup import merge_roles
 from clemprm.config import provenance
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,7 @@ def instance_key(meta: dict) -> tuple[str, str, str]:
 
 def normalise(messages: list[dict]) -> list[dict]:
     """Messages as a clemcore backend sends them: roles merged, an empty system message dropped."""
-    from clemprm.generation import ensure_alternating_roles   # clemcore's, imported without its logging set-up
-
-    messages = [{"role": str(m["role"]), "content": str(m["content"] or "")} for m in messages]
-    return ensure_alternating_roles(messages) if messages else []
+    return merge_roles([{"role": str(m["role"]), "content": str(m["content"] or "")} for m in messages])
 
 
 def turn_pairs(messages: list[dict]) -> list[tuple[list[dict], str]]:

@@ -9,6 +9,7 @@ import pytest
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
+from clemprm.clemcore_setup import import_clemcore_backends, merge_roles
 from clemprm.engine import RolloutEngine, Sampling
 from tests.conftest import binary_search_answer, tiny_config
 
@@ -96,6 +97,34 @@ def test_fork_copies_the_game_not_the_model(catalog, scripted_policy):
     engine.run([episode])
     a, b = episode.record("p", engine.sampling), fork.record("p", engine.sampling)
     assert a["turns"] == b["turns"] and a["bench_score"] == b["bench_score"]
+
+
+def test_episodes_of_one_game_do_not_share_game_state(catalog, scripted_policy):
+    policy = scripted_policy(binary_search_answer)
+    engine = RolloutEngine(catalog, Sampling())
+    first, second = (engine.start(catalog.instances("guessnumber", "train")[0], [policy], name, seed=0)
+                     for name in ("a", "b"))
+    assert first.env is not second.env and first.env.game_master is not second.env.game_master
+    for name in ("rewards", "terminations", "infos", "agents", "observation_spaces"):
+        assert getattr(first.env, name) is not getattr(second.env, name)
+    engine.run([first])
+    assert first.done and not second.done and second.env.agents  # the other game did not move
+    engine.run([second])
+    assert first.record("p", engine.sampling)["turns"] == second.record("p", engine.sampling)["turns"]
+
+
+@pytest.mark.parametrize("roles", [[], ["user"], ["system", "user", "assistant", "user"], ["user", "user"],
+                                   ["system", "system", "user"], ["user", "assistant", "assistant", "user"],
+                                   ["empty system", "user", "assistant"], ["empty system", "system", "user"]])
+def test_merge_roles_is_clemcores_rule(roles):
+    import_clemcore_backends()
+    from clemcore.backends.utils import ensure_alternating_roles
+
+    messages = [{"role": role.split()[-1], "content": "" if role.startswith("empty") else f"m{i}", "extra": 1}
+                for i, role in enumerate(roles)]
+    expected = ensure_alternating_roles([{"role": m["role"], "content": m["content"]} for m in messages]) \
+        if messages else []
+    assert merge_roles(messages) == expected
 
 
 def test_episode_records_round_trip_through_parquet(catalog, scripted_policy, tmp_path):
