@@ -160,8 +160,8 @@ def continuing_with_leading_pads(leading_pads: torch.Tensor, width: int):
 
     Padding at the start of a fresh sequence is harmless, but between a cached state and new tokens it is not:
     the pads would decay and write the recurrent state, and the causal convolution of the first real tokens would
-    see pads instead of the cached inputs. So, for the block: the pads' decay, write strength and q/k/v are zeroed
-    in the kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
+    see pads instead of the cached inputs. So, for the block: the pads' decay and write strength are zeroed in the
+    kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
     just before its first real token. A row with pads must bring at least ``conv kernel - 1`` tokens (else the
     convolution state saved for the next step would hold pads)."""
     token = _LEADING_PADS.set((leading_pads, width))
@@ -209,10 +209,12 @@ def _pad_positions(batch: int, length: int, device) -> torch.Tensor | None:
 
 
 def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
-    """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops (no decay, no write)."""
+    """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops: no decay (g = 0) and no write
+    (beta = 0). A token that writes nothing also corrects nothing in the tokens after it, whatever its query, key
+    and value (the rows of its write strength are zero in the chunk's triangular system), so those stay as they
+    are; the pads' own outputs are never used."""
     padded = _pad_positions(query.shape[0], query.shape[1], query.device)
     if padded is not None:
-        query, key, value = (torch.where(padded[:, :, None, None], 0.0, x) for x in (query, key, value))
         g, beta = (torch.where(padded[:, :, None], 0.0, x) for x in (g, beta))
     capture = _CAPTURE.get()
     state_at = query.shape[1] - capture.last if capture is not None and capture.last else None

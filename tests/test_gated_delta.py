@@ -80,12 +80,12 @@ def test_gradients_match_reference():
 
 
 def test_leading_pads_of_a_continuation_leave_the_state_alone():
-    x = inputs(2, 20, decay_scale=2.0)
-    state = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
+    x = inputs(3, 50, decay_scale=2.0)  # the pads' q, k and v are random: only their g and beta are zeroed
+    state = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
     kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
-    with gated_delta.continuing_with_leading_pads(torch.tensor([0, 6]), 20):
+    with gated_delta.continuing_with_leading_pads(torch.tensor([0, 6, 37]), 50):  # 37: past the first chunk
         out, final = gated_delta._continued_kernel(**x, initial_state=state, **kwargs)
-    for row, pads in ((0, 0), (1, 6)):  # each row as its real tokens alone
+    for row, pads in ((0, 0), (1, 6), (2, 37)):  # each row as its real tokens alone
         alone = {name: value[row:row + 1, pads:] for name, value in x.items()}
         expected_out, expected_state = REFERENCE(**alone, initial_state=state[row:row + 1], **kwargs)
         torch.testing.assert_close(out[row:row + 1, pads:], expected_out, atol=2e-5, rtol=1e-4)
