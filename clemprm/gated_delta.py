@@ -163,8 +163,8 @@ def continuing_with_leading_pads(leading_pads: torch.Tensor, width: int):
 
     Padding at the start of a fresh sequence is harmless, but between a cached state and new tokens it is not:
     the pads would decay and write the recurrent state, and the causal convolution of the first real tokens would
-    see pads instead of the cached inputs. So, for the block: the pads' decay and write strength are zeroed in the
-    kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
+    see pads instead of the cached inputs. So, for the block: the pads' decay, write strength, keys and values are
+    zeroed in the kernel (the state passes them unchanged), and the convolution sees each row's cached inputs moved to
     just before its first real token. A row with pads must bring at least ``conv kernel - 1`` tokens (else the
     convolution state saved for the next step would hold pads)."""
     token = _LEADING_PADS.set((leading_pads, width))
@@ -212,12 +212,13 @@ def _pad_positions(batch: int, length: int, device) -> torch.Tensor | None:
 
 
 def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
-    """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops: no decay (g = 0) and no write
-    (beta = 0). A token that writes nothing also corrects nothing in the tokens after it, whatever its query, key
-    and value (the rows of its write strength are zero in the chunk's triangular system), so those stay as they
-    are; the pads' own outputs are never used."""
+    """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops: no decay (g = 0), no write
+    (beta = 0), and zero keys and values. A token that writes nothing corrects nothing in the tokens after it (its
+    rows of the chunk's triangular system are zero); zeroing its key and value too keeps even a non-finite pad
+    from reaching them (0 x nan). The pads' queries only shape the pads' own outputs, which are never used."""
     padded = _pad_positions(query.shape[0], query.shape[1], query.device)
     if padded is not None:
+        key, value = (torch.where(padded[:, :, None, None], 0.0, x) for x in (key, value))
         g, beta = (torch.where(padded[:, :, None], 0.0, x) for x in (g, beta))
     capture = _CAPTURE.get()
     state_at = query.shape[1] - capture.last if capture is not None and capture.last else None
@@ -231,7 +232,8 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
 
 def _continued_conv(hidden_states, weight, *args, **kwargs):
     """The causal convolution ([batch, channels, cached inputs + new]) by :func:`_causal_conv`; in a continuation
-    each row's cached inputs are first moved next to its first real token and the pads before them zeroed."""
+    each row's cached inputs are first moved next to its first real token (the pads before them get copies of the
+    first cached input: they only reach the pads' own outputs)."""
     continuation = _LEADING_PADS.get()
     if continuation is not None:
         pads, new = continuation
@@ -240,8 +242,7 @@ def _continued_conv(hidden_states, weight, *args, **kwargs):
         shift = pads.to(hidden_states.device).unsqueeze(1)
         cached = total - new                                   # the cache keeps the last `kernel` inputs
         source = torch.where(time < shift + cached, time - shift, time)
-        moved = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
-        hidden_states = torch.where((time < shift).unsqueeze(1), 0.0, moved)
+        hidden_states = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
     capture = _CAPTURE.get()
     if capture is not None and capture.last:  # the inputs the cache would keep, before the last tokens
         kernel, end = weight.shape[-1], hidden_states.shape[-1] - capture.last

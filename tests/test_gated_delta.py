@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,7 +82,8 @@ def test_gradients_match_reference():
 
 
 def test_leading_pads_of_a_continuation_leave_the_state_alone():
-    x = inputs(3, 50, decay_scale=2.0)  # the pads' q, k and v are random: only their g and beta are zeroed
+    x = inputs(3, 50, decay_scale=2.0)
+    x["query"][1, :6], x["key"][2, :37], x["value"][1, :6] = math.nan, math.inf, math.nan  # pads reach nothing
     state = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(1)) * 0.1
     kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     with gated_delta.continuing_with_leading_pads(torch.tensor([0, 6, 37]), 50):  # 37: past the first chunk
