@@ -232,17 +232,15 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
 
 def _continued_conv(hidden_states, weight, *args, **kwargs):
     """The causal convolution ([batch, channels, cached inputs + new]) by :func:`_causal_conv`; in a continuation
-    each row's cached inputs are first moved next to its first real token (the pads before them get copies of the
-    first cached input: they only reach the pads' own outputs)."""
+    each row's cached inputs are first copied to just before its first real token (what is left before them only
+    reaches the pads' own outputs)."""
     continuation = _LEADING_PADS.get()
     if continuation is not None:
         pads, new = continuation
-        total = hidden_states.shape[-1]
-        time = torch.arange(total, device=hidden_states.device).unsqueeze(0)
-        shift = pads.to(hidden_states.device).unsqueeze(1)
-        cached = total - new                                   # the cache keeps the last `kernel` inputs
-        source = torch.where(time < shift + cached, time - shift, time)
-        hidden_states = hidden_states.gather(2, source.clamp_min(0).unsqueeze(1).expand(-1, hidden_states.shape[1], -1))
+        cached = hidden_states.shape[-1] - new                 # the cache keeps the last `kernel` inputs
+        before_first = pads.to(hidden_states.device).unsqueeze(1) + torch.arange(cached, device=hidden_states.device)
+        hidden_states = hidden_states.clone().scatter_(
+            2, before_first.unsqueeze(1).expand(-1, hidden_states.shape[1], -1), hidden_states[..., :cached])
     capture = _CAPTURE.get()
     if capture is not None and capture.last:  # the inputs the cache would keep, before the last tokens
         kernel, end = weight.shape[-1], hidden_states.shape[-1] - capture.last

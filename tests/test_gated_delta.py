@@ -95,6 +95,19 @@ def test_leading_pads_of_a_continuation_leave_the_state_alone():
         torch.testing.assert_close(final[row:row + 1], expected_state, atol=2e-5, rtol=1e-4)
 
 
+def test_a_padded_continuation_convolves_each_rows_cached_inputs_with_its_own_tokens():
+    gen = torch.Generator().manual_seed(2)
+    cached, new, pads = 4, 9, torch.tensor([0, 3, 6])
+    hidden = torch.randn(3, 8, cached + new, generator=gen)  # [batch, channels, cached inputs + new tokens]
+    weight, bias = torch.randn(8, 4, generator=gen), torch.randn(8, generator=gen)
+    with gated_delta.continuing_with_leading_pads(pads, new):
+        out = gated_delta._continued_conv(hidden, weight, bias, activation="silu")
+    for row, row_pads in enumerate(pads.tolist()):
+        alone = torch.cat([hidden[row:row + 1, :, :cached], hidden[row:row + 1, :, cached + row_pads:]], dim=-1)
+        expected = CONV_REFERENCE(alone, weight, bias, activation="silu")[..., cached:]
+        torch.testing.assert_close(out[row:row + 1, :, cached + row_pads:], expected, atol=1e-6, rtol=1e-5)
+
+
 def test_capture_takes_the_state_before_the_last_tokens():
     x = inputs(2, 40)
     kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
