@@ -211,7 +211,8 @@ def _pad_positions(batch: int, length: int, device) -> torch.Tensor | None:
     return torch.arange(length, device=device).unsqueeze(0) < pads.to(device).unsqueeze(1)
 
 
-def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
+def _continued_kernel(query, key, value, g, beta, chunk_size=None, initial_state=None, output_final_state=False,
+                      use_qk_l2norm_in_kernel=False, **kwargs):
     """:func:`chunk_gated_delta_rule` with the continuation's pads made no-ops: no decay (g = 0), no write
     (beta = 0), and zero keys and values. A token that writes nothing corrects nothing in the tokens after it (its
     rows of the chunk's triangular system are zero); zeroing its key and value too keeps even a non-finite pad
@@ -223,11 +224,11 @@ def _continued_kernel(query, key, value, g, beta, *args, **kwargs):
     capture = _CAPTURE.get()
     state_at = query.shape[1] - capture.last if capture is not None and capture.last else None
     out, final, state = chunk_gated_delta_rule_with_state_at(
-        query, key, value, g, beta, state_at, kwargs.get("chunk_size"),
-        initial_state=kwargs.get("initial_state"), use_qk_l2norm_in_kernel=kwargs.get("use_qk_l2norm_in_kernel", False))
+        query, key, value, g, beta, state_at, chunk_size, initial_state=initial_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     if state_at is not None:
         capture.recurrent.append(state)
-    return out, (final if kwargs.get("output_final_state", False) else None)
+    return out, (final if output_final_state else None)
 
 
 def _continued_conv(hidden_states, weight, *args, **kwargs):
