@@ -131,6 +131,10 @@ def read_table(path: str | Path, schema: pa.Schema | None = None) -> pa.Table:
         if missing:
             raise RecordFileError(f"record file {path} lacks columns {missing} (has {table.schema.names})")
         table = table.select(schema.names)
+        mismatched = [f"{field.name} is {table.schema.field(field.name).type}, expected {field.type}"
+                      for field in schema if not table.schema.field(field.name).type.equals(field.type)]
+        if mismatched:
+            raise RecordFileError(f"record file {path} does not have the expected schema: {'; '.join(mismatched)}")
     return table
 
 
@@ -139,5 +143,9 @@ def read_records(path: str | Path, schema: pa.Schema | None = None) -> list[dict
 
 
 def read_provenance(path: str | Path) -> dict:
-    metadata = pq.read_schema(path).metadata or {}
-    return json.loads(metadata.get(b"clemprm", b"{}"))
+    """The provenance a record file carries; a missing or corrupt file raises an error naming it."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+        return json.loads(metadata.get(b"clemprm", b"{}"))
+    except (OSError, ValueError, pa.ArrowException) as error:   # JSONDecodeError and ArrowInvalid are ValueErrors
+        raise RecordFileError(f"cannot read the provenance of record file {path}: {error}") from error

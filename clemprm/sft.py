@@ -81,13 +81,14 @@ class Example:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-def read_interactions(path: str | Path) -> list[dict]:
-    """Rows (``messages``, ``meta``) of a playpen-data interactions file: parquet, jsonl or json."""
+def read_interactions(path: str | Path, schema=None) -> list[dict]:
+    """Rows (``messages``, ``meta``) of a playpen-data interactions file: parquet, jsonl or json. ``schema`` (e.g.
+    :data:`records.INTERACTIONS`, for the pipeline's own file) is the one a parquet file must have."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"interactions file {path} does not exist")
     if path.suffix == ".parquet":
-        rows = records.read_table(path).to_pylist()
+        rows = records.read_table(path, schema).to_pylist()
     elif path.suffix in (".jsonl", ".json"):
         text = path.read_text()
         try:
@@ -407,6 +408,14 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
 
     start = time.perf_counter()
     sft, seed = settings["sft"], int(settings["seed"])
+    # data first (a bad file fails before a model is loaded): the pipeline's wins, in the interactions schema,
+    # + optional public interactions (successful ones only)
+    rows = {"sft_data": read_interactions(data_path, records.INTERACTIONS)}
+    if sft.get("extra_data"):
+        extra = read_interactions(sft["extra_data"])
+        rows["extra_data"] = [row for row in extra if is_success(row)]
+        log.info("extra data %s: %d of %d rows are successful episodes", sft["extra_data"], len(rows["extra_data"]),
+                 len(extra))
     cfg = ModelConfig.from_dict({**settings["model"], "cache_dir": cache_dir})
     device = device_name()
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
@@ -414,14 +423,6 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         keep_4bit_differentiable(model)
     eos_ids = [tokenizer.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None))
     chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, eos_ids)
-
-    # data: the pipeline's wins + optional public interactions (successful ones only)
-    rows = {"sft_data": read_interactions(data_path)}
-    if sft.get("extra_data"):
-        extra = read_interactions(sft["extra_data"])
-        rows["extra_data"] = [row for row in extra if is_success(row)]
-        log.info("extra data %s: %d of %d rows are successful episodes", sft["extra_data"], len(rows["extra_data"]),
-                 len(extra))
     examples, too_long = [], 0
     for source, source_rows in rows.items():
         built, dropped = build_examples(source_rows, chat, sft["max_length"], source)
