@@ -20,7 +20,7 @@ Sharding and resumption
     seed, never from the shard or the batch, so the gathered labels do not depend on S. A shard labels its
     branch points in chunks of ``labels.checkpoint_every`` and appends each finished chunk to a checkpoint folder
     beside its output; a shard that is killed and rerun skips what its checkpoint holds (the checkpoint is
-    discarded when the settings or the branch points changed).
+    discarded when the settings or the branch points changed; an unreadable part alone, with a warning).
 """
 
 from __future__ import annotations
@@ -210,12 +210,23 @@ class ShardCheckpoint:
             self.folder.mkdir(parents=True)
             stamp.write_text(self.fingerprint)
             return []
-        return [row for part in sorted(self.folder.glob("part-*.parquet"))
-                for row in records.read_records(part, records.SOFT_LABELS)]
+        rows = []
+        for part in self._parts():
+            try:
+                rows += records.read_records(part, records.SOFT_LABELS)
+            except records.RecordFileError as error:   # e.g. cut short by a full disk: label its branch points again
+                log.warning("checkpoint part %s is unreadable and is discarded; its branch points are labelled "
+                            "again: %s", part, error)
+                part.unlink()
+        return rows
 
     def save(self, rows: list[dict]) -> None:
-        part = self.folder / f"part-{len(list(self.folder.glob('part-*.parquet'))):05d}.parquet"
-        records.write_records(part, rows, records.SOFT_LABELS, {})
+        """Write ``rows`` as the next part (numbered after the last one, also when an earlier one was discarded)."""
+        last = max((int(part.stem.removeprefix("part-")) for part in self._parts()), default=-1)
+        records.write_records(self.folder / f"part-{last + 1:05d}.parquet", rows, records.SOFT_LABELS, {})
+
+    def _parts(self) -> list[Path]:
+        return sorted(self.folder.glob("part-*.parquet"))
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

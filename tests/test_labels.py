@@ -192,11 +192,55 @@ def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(tiny_p
     assert same_rows(records.read_records(tmp_path / "resumed.parquet"), uninterrupted)
 
 
-def test_a_checkpoint_of_other_settings_is_discarded(oddoneout, scripted_policy, tmp_path):
-    settings, bp_path, _, oracle = oddoneout
+def stale_row(bp: dict) -> dict:
+    """A soft-label row of ``bp`` with a label no run of the oracle gives (0.125: 1 of 8 continuations won)."""
+    return {**bp, "k": 8, "terminal": False, "rollout_scores": [100.0] + [0.0] * 7, "n_aborted": 0, "n_success": 1,
+            "n_capped": 0, "new_tokens": 0, "label": 0.125}
+
+
+def test_a_checkpoint_of_other_settings_is_discarded(oddoneout, scripted_policy, tmp_path, caplog):
+    settings, bp_path, bps, oracle = oddoneout
     output = tmp_path / "labels.parquet"
     stale = labels.ShardCheckpoint(output, "made with other settings")
     stale.load()
-    stale.save([])
-    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
-    assert all(not math.isnan(row["label"]) for row in rows) and not stale.folder.exists()
+    stale.save([stale_row(bp) for bp in bps])   # every branch point "done", with a wrong label
+    with caplog.at_level("INFO", logger="clemprm.labels"):
+        rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
+    assert "made with other settings or branch points" in caplog.text and "0 done in the checkpoint" in caplog.text
+    assert [row["bp_id"] for row in rows] == [bp["bp_id"] for bp in bps]
+    assert all(row["label"] == 1.0 for row in rows)   # the oracle wins everywhere: nothing of the stale rows
+    assert not stale.folder.exists()
+
+
+def test_a_corrupt_checkpoint_part_is_discarded_and_relabelled(oddoneout, scripted_policy, tmp_path, caplog):
+    """Part 0 of the checkpoint is good, part 1 is a real part cut short: part 0's rows are kept as they are (a
+    marked label shows they are not recomputed), part 1's branch points are labelled again, with a warning."""
+    settings, bp_path, bps, oracle = oddoneout
+    straight = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "straight.parquet",
+                                        policy=scripted_policy(oracle))
+    output = tmp_path / "labels.parquet"
+    checkpoint = labels.ShardCheckpoint(output, labels.shard_fingerprint(settings, bp_path, 0, 1))
+    assert checkpoint.load() == []
+    kept = [stale_row(bp) for bp in bps[:2]]
+    checkpoint.save(kept)
+    checkpoint.save(straight[2:4])
+    part = checkpoint.folder / "part-00001.parquet"
+    part.write_bytes(part.read_bytes()[:part.stat().st_size // 2])
+    with caplog.at_level("INFO", logger="clemprm.labels"):
+        rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "part-00001.parquet" in r.getMessage()]
+    assert warnings and "discarded" in warnings[0].getMessage()
+    assert f"{len(bps)} branch points, 2 done in the checkpoint, {len(bps) - 2} to label" in caplog.text
+    assert same_rows(rows, kept + straight[2:])
+    assert same_rows(records.read_records(output, records.SOFT_LABELS), rows) and not checkpoint.folder.exists()
+
+
+def test_a_checkpoint_part_after_a_discarded_one_gets_a_new_number(tmp_path):
+    checkpoint = labels.ShardCheckpoint(tmp_path / "labels.parquet", "fingerprint")
+    checkpoint.load()
+    for _ in range(3):
+        checkpoint.save([])
+    (checkpoint.folder / "part-00001.parquet").unlink()   # as load() does with an unreadable part
+    checkpoint.save([])
+    assert sorted(p.name for p in checkpoint.folder.glob("part-*")) == [
+        "part-00000.parquet", "part-00002.parquet", "part-00003.parquet"]
