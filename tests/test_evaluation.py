@@ -139,6 +139,50 @@ def test_bootstrap_intervals_are_seeded_and_contain_the_point_estimate(eval_run,
     assert any(e["ci_low"] < e["ci_high"] for e in intervals)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile by linear interpolation between the sorted values (numpy's default), by hand."""
+    ordered = sorted(values)
+    position = q / 100 * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@pytest.mark.parametrize("ci", [0.5, 0.9])
+def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_run, tmp_path, ci):
+    """% played per game and overall, recomputed draw by draw from the episode rows: each draw takes a game's
+    instances with replacement (the documented seeding: one generator per game and size), the interval is the
+    central ``ci`` share of the draws."""
+    import numpy as np
+
+    from clemprm.engine import derive_seed
+
+    paths, _, _, _ = eval_run
+    settings = {**SETTINGS, "eval": {**SETTINGS["eval"], "ci": ci}}
+    results = evaluation.summarize_eval(settings, [paths["best_of_n"]], str(tmp_path / "summary.json"))[
+        "modes"]["best_of_n"]["results"]
+    rows = records.read_records(paths["best_of_n"], records.EVAL_EPISODES)
+    samples = settings["eval"]["bootstrap_samples"]
+    per_game = {}
+    for game in sorted({row["game"] for row in rows}):
+        instances = sorted({(row["experiment"], row["game_id"]) for row in rows if row["game"] == game})
+        episodes = [[row for row in rows if (row["game"], row["experiment"], row["game_id"]) == (game, *key)]
+                    for key in instances]
+        rng = np.random.default_rng(derive_seed(settings["seed"], "bootstrap", game, len(instances)))
+        draws = rng.multinomial(len(instances), [1 / len(instances)] * len(instances), size=samples)
+        per_game[game] = [100 * sum(int(n) * sum(not row["aborted"] for row in group) for n, group in zip(draw, episodes))
+                          / sum(int(n) * len(group) for n, group in zip(draw, episodes)) for draw in draws]
+    per_game["overall"] = [sum(values[d] for values in per_game.values()) / len(per_game) for d in range(samples)]
+    for group, values in per_game.items():
+        estimate = results[group]["percent_played"]
+        assert estimate["ci_low"] == pytest.approx(percentile(values, 50 * (1 - ci))), group
+        assert estimate["ci_high"] == pytest.approx(percentile(values, 50 * (1 + ci))), group
+        inside = sum(estimate["ci_low"] <= v <= estimate["ci_high"] for v in values) / samples
+        assert inside >= ci, group
+    assert any(results[group]["percent_played"]["ci_low"] < results[group]["percent_played"]["ci_high"]
+               for group in per_game)
+
+
 def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run):
     _, summary, _, _ = eval_run
     diff = summary["differences"]["greedy_sft"]["greedy_base"]   # the same scripted policy plays both
