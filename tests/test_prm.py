@@ -290,6 +290,30 @@ def test_truncation_keeps_the_end(trained):
     assert short.stats.truncated == 1
 
 
+def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path, test_cache_dir):
+    """The QLoRA path on CPU (bitsandbytes NF4, fp32 compute): the same data and settings as the full-precision
+    PRM give the same quality and nearly the same scores; the full-precision adapter on the NF4 base scores close."""
+    full = trained["settings"]
+    settings = {**full, "model": {**full["model"], "quantization": "nf4"}}
+    metrics = prm.train_prm(settings, str(trained["dir"] / "labels.parquet"), str(tmp_path / "adapter"),
+                            str(tmp_path / "metrics.json"), test_cache_dir)
+    assert metrics["status"] == "trained" and metrics["model"]["quantization"] == "nf4"
+    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    on_full_adapter = prm.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"), test_cache_dir)
+    for model in (scorer.model, on_full_adapter.model):
+        quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+        assert quantized and any(hasattr(m, "lora_A") and type(m.base_layer).__name__ == "Linear4bit"
+                                 for m in model.modules() if hasattr(m, "base_layer"))
+    nf4, reference = metrics["evaluation"]["validation"], trained["metrics"]["evaluation"]["validation"]
+    assert nf4["auroc"] > 0.95 and nf4["bce"] == pytest.approx(reference["bce"], abs=0.03)
+    pairs = pairs_of(trained["rows"])
+    full_scores = trained["scorer"].score(pairs)
+    nf4_scores = scorer.score(pairs)
+    assert prm.pearson(full_scores, nf4_scores) > 0.99
+    assert max(abs(a - b) for a, b in zip(full_scores, nf4_scores)) < 0.1
+    assert max(abs(a - b) for a, b in zip(full_scores, on_full_adapter.score(pairs))) < 0.05
+
+
 def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test_cache_dir):
     """20 pairs, batches of 4 and grad_accum 64: capped at 5 (one optimizer step per epoch); two runs with one
     seed give the same adapter."""
