@@ -25,6 +25,18 @@ def test_cache_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("model-cache"))
 
 
+@pytest.fixture(scope="session")
+def smollm2(test_cache_dir):
+    """The embedded SmolLM2 converted once for the whole session (about 40 s), into the session's model cache: every
+    test that loads it (``ModelConfig(cache_dir=test_cache_dir)``) reuses the conversion. ``(config, folder)``."""
+    from pathlib import Path
+
+    from clemprm.models import ModelConfig, resolve_model_dir
+
+    cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)
+    return cfg, Path(resolve_model_dir(cfg))
+
+
 def tiny_config(**overrides) -> dict:
     """The default config with the tiny model and small counts (what the workflow tests run)."""
     base = {

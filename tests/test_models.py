@@ -532,13 +532,20 @@ def test_generation_dataclass_defaults():
 
 
 @pytest.mark.slow
-def test_embedded_smollm2_converts_once_and_answers(tmp_path):
-    cfg = ModelConfig(threads=2, cache_dir=str(tmp_path / "cache"))
-    folder = Path(resolve_model_dir(cfg))
+def test_embedded_smollm2_converts_once_and_answers(smollm2, caplog):
+    cfg, folder = smollm2   # converted from the wheel's GGUF in this session's fresh cache
+    marker = folder / ".clemprm-complete.json"
+    assert json.loads(marker.read_text())["source"].endswith(".gguf")
+    before = marker.stat()
+    with caplog.at_level("INFO", logger="clemprm.models"):
+        assert Path(resolve_model_dir(cfg)) == folder   # a second load reuses the conversion
+        policy = PolicyModel(cfg, max_new_tokens=12)
+    assert "converting embedded model" not in caplog.text
+    assert (marker.stat().st_ino, marker.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}.tmp")] == []
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert (folder / "model.safetensors").is_file()
-    policy = PolicyModel(cfg, max_new_tokens=12)
     assert policy.name == "smollm2-135m-instruct"
     assert policy.tokenizer.pad_token == "<|endoftext|>" and policy.tokenizer.eos_token == "<|im_end|>"
     perspectives = [[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
