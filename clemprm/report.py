@@ -8,6 +8,9 @@
 * training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``).
 
 Inputs are read defensively: a figure whose data is missing says so instead of failing the report.
+
+Each PNG carries the numbers it was drawn from as JSON in its ``clemprm:data`` text chunk
+(:func:`figure_data` reads them back): what a figure shows can be checked without looking at it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import math
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+DATA_KEY = "clemprm:data"   # the PNG text chunk holding a figure's data
 
 MODE_ORDER = ("greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search")   # bars from plain play to search
 SCORE_PANELS = (("percent_played", "% played"), ("quality", "quality (mean BENCH_SCORE of played)"),
@@ -47,11 +52,20 @@ def _no_data(ax, text: str = "no data") -> None:
     ax.set_yticks([])
 
 
-def _save(plt, fig, path: str | Path) -> None:
+def _save(plt, fig, path: str | Path, drawn: dict) -> None:
+    """Write the figure with ``drawn`` (the numbers it shows) in its PNG metadata."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={DATA_KEY: json.dumps(drawn, sort_keys=True)})
     plt.close(fig)
+
+
+def figure_data(path: str | Path) -> dict:
+    """The numbers a report figure was drawn from (see the module docstring)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text[DATA_KEY])
 
 
 def _number(value) -> float:
@@ -66,6 +80,7 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
              for mode in sorted(entries, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER))}
     groups = sorted({group for results in modes.values() for group in results} - {"overall"}) + ["overall"]
     fig, axes = plt.subplots(len(SCORE_PANELS), 1, figsize=(max(6, 2 + 0.45 * len(groups) * max(1, len(modes))), 9))
+    drawn = {"groups": groups if modes else [], "modes": {mode: {} for mode in modes}}
     for ax, (metric, title) in zip(axes, SCORE_PANELS):
         if not modes:
             _no_data(ax)
@@ -78,6 +93,7 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
                       [max(0.0, _number(e.get("ci_high")) - v) for v, e in zip(values, estimates)]]
             positions = [g + (m - (len(modes) - 1) / 2) * width for g in range(len(groups))]
             ax.bar(positions, values, width, yerr=errors, capsize=3, label=mode)
+            drawn["modes"][mode][metric] = {"values": values, "errors": errors}
         ax.set_xticks(range(len(groups)), groups)
         ax.set_ylabel(title)
         ax.set_ylim(0, 105)
@@ -85,7 +101,7 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
         axes[0].legend(fontsize="small", ncol=len(modes))
     axes[0].set_title(f"{summary.get('split', '?')} split: bars = point estimate, whiskers = "
                       f"{round(100 * (summary.get('bootstrap') or {}).get('ci', 0.95))}% bootstrap CI over instances")
-    _save(plt, fig, path)
+    _save(plt, fig, path, drawn)
 
 
 def read_soft_labels(path: str | Path) -> dict[str, list[float]]:
@@ -108,15 +124,18 @@ def plot_soft_labels(labels: dict[str, list[float]], path: str | Path) -> None:
     """One histogram of the soft labels per game (10 bins over [0, 1])."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, max(1, len(labels)), figsize=(4 * max(1, len(labels)), 3.2), squeeze=False)
+    bins = [i / 10 for i in range(11)]
+    drawn = {"bins": bins, "counts": {}}
     if not labels:
         _no_data(axes[0][0], "no soft labels")
     for ax, (game, values) in zip(axes[0], labels.items()):
-        ax.hist(values, bins=[i / 10 for i in range(11)], edgecolor="black")
+        counts, _, _ = ax.hist(values, bins=bins, edgecolor="black")
+        drawn["counts"][game] = [int(count) for count in counts]
         ax.set_title(f"{game} (n={len(values)})")
         ax.set_xlabel("soft label (mean continuation score / 100)")
         ax.yaxis.get_major_locator().set_params(integer=True)
     axes[0][0].set_ylabel("branch points")
-    _save(plt, fig, path)
+    _save(plt, fig, path, drawn)
 
 
 def calibration_bins(prm_metrics: dict) -> tuple[str, list[dict]]:
@@ -152,7 +171,7 @@ def plot_calibration(side: str, bins: list[dict], path: str | Path) -> None:
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="mean PRM prediction", ylabel="mean soft label")
         ax.legend(loc="upper left", fontsize="small")
     ax.set_title(f"PRM calibration ({side or 'as reported'} branch points)")
-    _save(plt, fig, path)
+    _save(plt, fig, path, {"side": side, "points": points})
 
 
 def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> None:
@@ -160,10 +179,12 @@ def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> 
     training) against epoch."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(histories), figsize=(4.5 * len(histories), 3.5), squeeze=False)
+    drawn = {}
     for ax, (name, history) in zip(axes[0], histories.items()):
         rows = [row for row in history if isinstance(row, dict) and row.get("epoch") is not None]
         curves = {key: [(row["epoch"], row[key]) for row in rows if isinstance(row.get(key), (int, float))]
                   for key in ("train_loss", "eval_loss")}
+        drawn[name] = curves
         if not any(curves.values()):
             _no_data(ax, f"{name}: no training history")
             continue
@@ -173,7 +194,7 @@ def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> 
         ax.set(title=name, xlabel="epoch", ylabel="loss")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize="small")
-    _save(plt, fig, path)
+    _save(plt, fig, path, drawn)
 
 
 def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: str, sft_metrics_path: str,

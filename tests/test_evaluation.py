@@ -224,9 +224,23 @@ def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_pat
         with open(path, "rb") as file:
             assert file.read(8) == b"\x89PNG\r\n\x1a\n"
     assert report.calibration_bins(json.loads(prm_metrics.read_text()))[0] == "validation"
+    # what each figure was drawn from
+    assert report.figure_data(outputs["soft_labels"])["counts"] == {"guessnumber": [1, 0, 1, 0, 0, 1, 0, 0, 0, 2],
+                                                                   "wordref": [2] + [0] * 8 + [1]}
+    assert report.figure_data(outputs["calibration"]) == {"side": "validation", "points": [[0.45, 0.3, 4.0]]}
+    assert report.figure_data(outputs["training"]) == {
+        "SFT adapter": {"train_loss": [], "eval_loss": []},
+        "PRM adapter": {"train_loss": [[1, 0.69]], "eval_loss": [[0, 0.7], [1, 0.65]]}}
+    scores = report.figure_data(outputs["scores"])
+    summary = json.loads(summary_path.read_text())
+    assert set(scores["modes"]) == set(summary["modes"]) and scores["groups"][-1] == "overall"
+    assert scores["modes"]["best_of_n"]["percent_played"]["values"][-1] == pytest.approx(
+        summary["modes"]["best_of_n"]["results"]["overall"]["percent_played"]["value"])
     empty = {name: str(tmp_path / "empty" / f"{name}.png") for name in outputs}
     report.report_figures(*(str(tmp_path / "missing") for _ in range(4)), empty)
     assert all((tmp_path / "empty" / f"{name}.png").stat().st_size > 0 for name in outputs)
+    assert report.figure_data(empty["scores"])["modes"] == {} and report.figure_data(empty["soft_labels"])["counts"] == {}
+    assert report.figure_data(empty["calibration"])["points"] == []
 
 
 def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
