@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import shutil
+import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,12 +33,39 @@ def test_cache_dir(tmp_path_factory):
 def smollm2(test_cache_dir):
     """The embedded SmolLM2 converted once for the whole session (about 40 s), into the session's model cache: every
     test that loads it (``ModelConfig(cache_dir=test_cache_dir)``) reuses the conversion. ``(config, folder)``."""
-    from pathlib import Path
-
     from clemprm.models import ModelConfig, resolve_model_dir
 
     cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)
     return cfg, Path(resolve_model_dir(cfg))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletedRun:
+    """The tiny pipeline run to the end through Snakemake, once per session (see :func:`completed_run`)."""
+
+    workdir: Path     # results/, tiny.yaml (its config), extra.jsonl, .snakemake/
+    output: str       # snakemake's stdout + stderr
+    seconds: float
+
+
+@pytest.fixture(scope="session")
+def completed_run(tmp_path_factory, test_cache_dir) -> CompletedRun:
+    """One full run of the tiny workflow (tests/test_workflow.py's config) shared by every check that needs one:
+    the workflow's own tests, the rerun-trigger dry runs, ``clemprm inspect`` on its records, the SLURM suite's
+    local baseline. Treat it as read-only: a test that reruns something works on a copy (:func:`copy_of_run`)."""
+    from tests import test_workflow as workflow
+
+    workdir = tmp_path_factory.mktemp("completed-run")
+    workflow.prepare_workdir(workdir, test_cache_dir)
+    start = time.monotonic()
+    result = workflow.snakemake(workdir)
+    return CompletedRun(workdir, result.stdout + "\n" + result.stderr, time.monotonic() - start)
+
+
+def copy_of_run(run: CompletedRun, destination: Path) -> Path:
+    """A copy of a completed run (mtimes and Snakemake's metadata kept, so it is just as up to date)."""
+    shutil.copytree(run.workdir, destination, symlinks=True)
+    return destination
 
 
 def tiny_config(**overrides) -> dict:

@@ -1,23 +1,30 @@
-"""The Snakemake workflow end to end on the tiny model, in a temporary directory."""
+"""The Snakemake workflow end to end on the tiny model, in a temporary directory.
+
+The whole pipeline runs once per session (``completed_run`` in tests/conftest.py); each stage's checks are one small
+test on that run, rerun triggers are dry runs (``-n``) of a changed config against it, and the one real rerun works
+on a copy. A new stage adds a test function taking ``completed_run``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import json
-
 import jsonschema
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from clemprm import evaluation, records
+from clemprm import evaluation, records, report
+from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
+EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
@@ -46,14 +53,23 @@ def write_extra_interactions(path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def prepare_workdir(path: Path, cache_dir: str) -> Path:
+    """A working directory with the tiny config (tiny.yaml) and its extra data file."""
+    (path / "tiny.yaml").write_text(yaml.safe_dump(tiny_workflow_config(cache_dir)))
+    write_extra_interactions(path / "extra.jsonl")
+    return path
+
+
 def planned_rules(dry_run_output: str) -> set[str]:
     """The rules a dry run would run (its `rule <name>:` / `localrule <name>:` lines)."""
     return set(re.findall(r"^(?:local)?rule (\w+):", dry_run_output, flags=re.MULTILINE))
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True, configfile: Path | None = None) -> subprocess.CompletedProcess:
+    """snakemake in ``workdir`` with its tiny.yaml (or ``configfile``, e.g. a changed copy for a dry run)."""
     # targets and options before --configfile, which takes every following word as a config file
-    result = subprocess.run(SNAKEMAKE + [*args, "--directory", str(workdir), "--configfile", str(workdir / "tiny.yaml")],
+    configfile = configfile or workdir / "tiny.yaml"
+    result = subprocess.run(SNAKEMAKE + [*args, "--directory", str(workdir), "--configfile", str(configfile)],
                             capture_output=True, text=True, timeout=900,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if check and result.returncode != 0:
@@ -63,9 +79,23 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 
 @pytest.fixture
 def workdir(tmp_path, test_cache_dir):
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_workflow_config(test_cache_dir)))
-    write_extra_interactions(tmp_path / "extra.jsonl")
-    return tmp_path
+    return prepare_workdir(tmp_path, test_cache_dir)
+
+
+def changed_config(run: CompletedRun, folder: Path, **sections) -> Path:
+    """The completed run's config with ``sections`` updated, as a new file in ``folder``."""
+    config = yaml.safe_load((run.workdir / "tiny.yaml").read_text())
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            config.setdefault(name, {}).update(values)
+        else:
+            config[name] = values
+    path = folder / "changed.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# ------------------------------------------------------------------------------ without a run
 
 
 def test_dry_run_lists_the_rules(workdir):
@@ -81,88 +111,191 @@ def test_malformed_config_fails_at_parse_time_naming_the_key(workdir):
     assert "'seed'" in result.stdout + result.stderr
 
 
-def test_stages_run_and_only_changed_sections_rerun(workdir):
-    snakemake(workdir)
-    episodes_path = workdir / "results/rollouts/base_train.parquet"
-    sft_path = workdir / "results/sft/sft_data.parquet"
-    episodes = records.read_records(episodes_path, records.EPISODES)
+# ------------------------------------------------------------------------------ the completed run, stage by stage
+
+
+def test_base_rollouts(completed_run):
+    episodes = records.read_records(completed_run.workdir / "results/rollouts/base_train.parquet", records.EPISODES)
     assert len(episodes) == 3 * 2 * 2  # 3 games x 2 train instances x 2 episodes
     assert {row["game"] for row in episodes} == {"guessnumber", "wordref", "oddoneout"}
     assert all(row["policy"].startswith("tiny") for row in episodes)
     assert all(row["n_turns"] >= 1 for row in episodes)
-    records.read_records(sft_path, records.INTERACTIONS)  # schema checked
-    adapter, metrics_path = workdir / "results/sft/adapter", workdir / "results/sft/metrics.json"
+
+
+def test_win_filter_and_sft_adapter(completed_run):
+    results = completed_run.workdir / "results"
+    records.read_records(results / "sft/sft_data.parquet", records.INTERACTIONS)  # schema checked
+    adapter = results / "sft/adapter"
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
-    metrics = json.loads(metrics_path.read_text())
+    metrics = json.loads((results / "sft/metrics.json").read_text())
     assert metrics["status"] == "trained" and metrics["steps"] > 0 and metrics["examples"]["rows"]["extra_data"] == 4
     assert metrics["config"]["sft"]["lr"] == 1e-3 and metrics["config"]["model"]["spec"] == "tiny:0"
-    bps = records.read_records(workdir / "results/labels/branch_points.parquet", records.BRANCH_POINTS)
-    soft_labels = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
+
+
+def test_branch_points_and_soft_labels(completed_run):
+    results = completed_run.workdir / "results"
+    bps = records.read_records(results / "labels/branch_points.parquet", records.BRANCH_POINTS)
+    soft_labels = records.read_records(results / "labels/soft_labels.parquet", records.SOFT_LABELS)
     assert bps and [row["bp_id"] for row in soft_labels] == [bp["bp_id"] for bp in bps]
     assert all(0 <= row["label"] <= 1 and row["k"] in (0, 2) for row in soft_labels)
-    assert sorted(p.name for p in (workdir / "results/labels/shards").iterdir()) == ["0-of-2.parquet", "1-of-2.parquet"]
-    prm_metrics = json.loads((workdir / "results/prm/metrics.json").read_text())
-    assert prm_metrics["config"]["prm"]["epochs"] == 1
-    summary = json.loads((workdir / "results/prm_eval.json").read_text())
+    assert sorted(p.name for p in (results / "labels/shards").iterdir()) == ["0-of-2.parquet", "1-of-2.parquet"]
+
+
+def test_prm_adapter(completed_run):
+    metrics = json.loads((completed_run.workdir / "results/prm/metrics.json").read_text())
+    assert metrics["status"] == "trained" and metrics["config"]["prm"]["epochs"] == 1
+    assert (completed_run.workdir / "results/prm/adapter/adapter_model.safetensors").is_file()
+
+
+def test_eval_modes_and_summary(completed_run):
+    results = completed_run.workdir / "results"
+    summary = json.loads((results / "prm_eval.json").read_text())
     jsonschema.validate(summary, json.loads(evaluation.SCHEMA_PATH.read_text()))
-    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}
-    for figure in ("eval_scores", "soft_labels", "prm_calibration", "training_curves"):
-        assert (workdir / f"results/report/{figure}.png").stat().st_size > 1000
+    assert set(summary["modes"]) == EVAL_MODES
+    for mode in EVAL_MODES:
+        rows = records.read_records(results / f"eval/{mode}.parquet", records.EVAL_EPISODES)
+        assert len(rows) == 3 and {row["mode"] for row in rows} == {mode}   # 3 games x 1 validation instance
+        assert summary["modes"][mode]["results"]["overall"]["episodes"] == len(rows)
+
+
+def test_report_figures_show_their_inputs(completed_run):
+    """Each figure's data (kept in its PNG) is what its input files hold, not a "no data" placeholder."""
+    results = completed_run.workdir / "results"
+    summary = json.loads((results / "prm_eval.json").read_text())
+    scores = report.figure_data(results / "report/eval_scores.png")
+    games = sorted({game for mode in summary["modes"].values() for game in mode["results"]} - {"overall"})
+    assert scores["groups"] == games + ["overall"] and set(scores["modes"]) == EVAL_MODES
+    for mode, metrics in scores["modes"].items():
+        assert set(metrics) == {"percent_played", "quality", "clemscore"}
+        for metric, drawn in metrics.items():
+            expected = [summary["modes"][mode]["results"][group][metric]["value"] for group in scores["groups"]]
+            assert drawn["values"] == pytest.approx([float("nan") if v is None else v for v in expected], nan_ok=True)
+
+    labels = pq.read_table(results / "labels/soft_labels.parquet", columns=["game", "label"]).to_pylist()
+    histogram = report.figure_data(results / "report/soft_labels.png")
+    assert histogram["counts"] and set(histogram["counts"]) == {row["game"] for row in labels}
+    for game, counts in histogram["counts"].items():
+        values = [row["label"] for row in labels if row["game"] == game]
+        assert counts == [sum(i / 10 <= v < (i + 1) / 10 or (i == 9 and v == 1.0) for v in values) for i in range(10)]
+
+    prm_metrics = json.loads((results / "prm/metrics.json").read_text())
+    calibration = report.figure_data(results / "report/prm_calibration.png")
+    side = "validation" if prm_metrics["evaluation"]["validation"] else "train"
+    bins = [b for b in prm_metrics["evaluation"][side]["calibration"] if b["count"]]
+    assert calibration["side"] == side and bins
+    assert calibration["points"] == [[b["mean_prediction"], b["mean_label"], b["count"]] for b in bins]
+
+    curves = report.figure_data(results / "report/training_curves.png")
+    for name, path in (("SFT adapter", "sft/metrics.json"), ("PRM adapter", "prm/metrics.json")):
+        history = json.loads((results / path).read_text())["history"]
+        for key in ("train_loss", "eval_loss"):
+            assert curves[name][key] == [[row["epoch"], row[key]] for row in history if row.get(key) is not None]
+        assert curves[name]["train_loss"]
+
+
+def test_every_rule_logs_and_benchmarks(completed_run):
+    results = completed_run.workdir / "results"
     for name in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "gather_soft_labels",
                  "soft_labels/0-of-2", "prm_adapter", "greedy_base", "greedy_sft", "random_of_n", "best_of_n",
-                 "beam_search",
-                 "eval_summary", "eval_report_figures"):
-        assert "rule " in (workdir / f"results/logs/{name}.log").read_text()
-        assert (workdir / f"results/benchmarks/{name}.tsv").exists()
-    assert "episodes done" in (workdir / "results/logs/base_rollouts.log").read_text()
-    assert "sft step" in (workdir / "results/logs/sft_adapter.log").read_text()
+                 "beam_search", "eval_summary", "eval_report_figures"):
+        assert "rule " in (results / f"logs/{name}.log").read_text()
+        assert (results / f"benchmarks/{name}.tsv").exists()
+    assert "episodes done" in (results / "logs/base_rollouts.log").read_text()
+    assert "sft step" in (results / "logs/sft_adapter.log").read_text()
 
-    snakemake(workdir, "--report", "report.html")
-    assert (workdir / "report.html").stat().st_size > 10000
 
-    up_to_date = snakemake(workdir, "-n")
+def test_snakemake_report(completed_run, tmp_path):
+    snakemake(completed_run.workdir, "--report", str(tmp_path / "report.html"))
+    assert (tmp_path / "report.html").stat().st_size > 10000
+
+
+# ------------------------------------------------------------------------------ rerun triggers, on the completed run
+
+
+def test_a_completed_run_is_up_to_date(completed_run):
+    up_to_date = snakemake(completed_run.workdir, "-n")
     assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 
-    config = yaml.safe_load((workdir / "tiny.yaml").read_text())
-    config["win_filter"]["min_bench_score"] = 50.0
-    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    episodes_mtime, sft_mtime = episodes_path.stat().st_mtime_ns, sft_path.stat().st_mtime_ns
-    metrics_mtime = metrics_path.stat().st_mtime_ns
-    snakemake(workdir)
-    assert episodes_path.stat().st_mtime_ns == episodes_mtime  # base rollouts not rerun
-    assert sft_path.stat().st_mtime_ns != sft_mtime  # win filter rerun
-    assert records.read_provenance(sft_path)["config"]["win_filter"]["min_bench_score"] == 50.0
-    assert metrics_path.stat().st_mtime_ns != metrics_mtime  # SFT is downstream of the win filter: rerun
 
-    # changing sft.lr reruns the SFT stage only, nothing upstream of it
-    config["sft"]["lr"] = 2e-3
-    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    mtimes = {path: path.stat().st_mtime_ns for path in (episodes_path, sft_path, metrics_path)}
-    dry_run = snakemake(workdir, "-n").stdout
-    assert "sft_adapter" in dry_run and "base_rollouts" not in dry_run and "win_filter" not in dry_run
-    snakemake(workdir)
-    assert episodes_path.stat().st_mtime_ns == mtimes[episodes_path]
-    assert sft_path.stat().st_mtime_ns == mtimes[sft_path]
-    assert metrics_path.stat().st_mtime_ns != mtimes[metrics_path]
-    assert json.loads(metrics_path.read_text())["config"]["sft"]["lr"] == 2e-3
+UPSTREAM = ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels")
 
+# (config change, rules that must rerun, rules that must not); None: exactly the rules that must rerun
+RERUNS = {
+    "win_filter": ({"win_filter": {"min_bench_score": 50.0}},
+                   {"win_filter", "sft_adapter", "branch_points", "soft_labels", "prm_adapter", "greedy_sft",
+                    "eval_summary"}, {"base_rollouts", "greedy_base"}),
+    "sft": ({"sft": {"lr": 2e-3}}, {"sft_adapter", "branch_points", "greedy_sft", "best_of_n"},
+            {"base_rollouts", "win_filter", "greedy_base"}),
+    "labels": ({"labels": {"k": 3}}, {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"},
+               {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}),
+    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "beam_search", "eval_summary"},
+            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
-    original_eval = dict(config["eval"])
-    config["eval"].update(bootstrap_samples=150, beam_width=1)
-    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    assert planned_rules(snakemake(workdir, "-n").stdout) == {"beam_search", "eval_summary", "eval_report_figures",
-                                                              "all"}
-    config["eval"] = original_eval
+    "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
+             {"beam_search", "eval_summary", "eval_report_figures", "all"}, None),
+    # where models are cached is not a rerun trigger
+    "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
+}
 
-    # changing labels.k reruns the label shards, their gather and what follows (PRM, eval), nothing upstream
-    config["labels"]["k"] = 3
-    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
-    bp_mtime = (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns
-    dry_run = snakemake(workdir, "-n").stdout
-    planned = planned_rules(dry_run)
-    assert {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"} <= planned
-    assert not planned & {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}
-    snakemake(workdir, "results/labels/soft_labels.parquet")
-    assert (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns == bp_mtime
-    relabelled = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
-    assert {row["k"] for row in relabelled} <= {0, 3}
+
+@pytest.mark.parametrize("change", list(RERUNS))
+def test_a_config_change_reruns_only_what_it_touches(completed_run, tmp_path, change):
+    sections, rerun, kept = RERUNS[change]
+    dry_run = snakemake(completed_run.workdir, "-n", configfile=changed_config(completed_run, tmp_path, **sections))
+    planned = planned_rules(dry_run.stdout)
+    if kept is None:
+        assert planned == rerun
+    else:
+        assert rerun <= planned and not planned & kept, planned
+    if not planned:
+        assert "Nothing to be done" in dry_run.stdout + dry_run.stderr
+
+
+def test_a_changed_section_reruns_its_stage_for_real(completed_run, tmp_path):
+    """On a copy of the run: a new win filter threshold rewrites the SFT data (with the new setting in its
+    provenance) and leaves the base rollouts alone."""
+    work = copy_of_run(completed_run, tmp_path / "run")
+    episodes, sft_data = work / "results/rollouts/base_train.parquet", work / "results/sft/sft_data.parquet"
+    mtimes = episodes.stat().st_mtime_ns, sft_data.stat().st_mtime_ns
+    assert "Nothing to be done" in snakemake(work, "-n").stdout   # the copy is as up to date as the run
+    changed = changed_config(completed_run, tmp_path, win_filter={"min_bench_score": 50.0})
+    snakemake(work, "results/sft/sft_data.parquet", configfile=changed)
+    assert episodes.stat().st_mtime_ns == mtimes[0]  # base rollouts not rerun
+    assert sft_data.stat().st_mtime_ns != mtimes[1]  # win filter rerun
+    assert records.read_provenance(sft_data)["config"]["win_filter"]["min_bench_score"] == 50.0
+
+
+# ------------------------------------------------------------------------------ clemprm inspect on the run's records
+
+
+RECORD_FILES = {"rollouts/base_train.parquet": records.EPISODES, "sft/sft_data.parquet": records.INTERACTIONS,
+                "labels/branch_points.parquet": records.BRANCH_POINTS,
+                "labels/sft_train_episodes.parquet": records.EPISODES,
+                "labels/shards/0-of-2.parquet": records.SOFT_LABELS, "labels/soft_labels.parquet": records.SOFT_LABELS,
+                **{f"eval/{mode}.parquet": records.EVAL_EPISODES for mode in sorted(EVAL_MODES)}}
+
+
+@pytest.mark.parametrize("name", list(RECORD_FILES))
+def test_inspect_command_on_every_record_file(completed_run, name):
+    path = completed_run.workdir / "results" / name
+    done = subprocess.run([str(Path(sys.executable).parent / "clemprm"), "inspect", str(path), "--examples", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    table = pq.read_table(path)
+    assert lines[:2] == [str(path), f"rows: {table.num_rows}"]
+    # the random tiny model never wins, so the run's own SFT data is empty (its SFT learns from extra.jsonl)
+    assert table.num_rows > 0 or name == "sft/sft_data.parquet"
+    for field in RECORD_FILES[name]:
+        assert any(line.startswith(f"  {field.name}: ") for line in lines), field.name
+    sections = ", ".join(sorted(records.read_provenance(path)["config"]))
+    assert f"provenance: config sections {sections}; clemprm " in done.stdout
+    rows = table.to_pylist()
+    games = [row["meta"]["game"] if "meta" in row else row["game"] for row in rows]
+    groups = [f"{game} / {row['mode']}" if "mode" in row else game for game, row in zip(games, rows)]
+    for group in set(groups):
+        assert f"  {group}: {groups.count(group)} rows" in lines or any(
+            line.startswith(f"  {group}: {groups.count(group)} rows,") for line in lines), group
+    if "label" in table.column_names:
+        assert any(line.strip().startswith("label: mean ") for line in lines)
+    assert "example row 0:" in lines

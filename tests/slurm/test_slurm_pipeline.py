@@ -98,12 +98,11 @@ def slurm_profile(slurm_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(slurm_cluster, slurm_profile, tmp_path_factory):
-    """The same tiny config run locally (-c2) and on SLURM (`--profile slurm`), one after the other."""
+def runs(slurm_cluster, slurm_profile, tmp_path_factory, completed_run):
+    """The same tiny config run locally (-c2: the session's completed run, shared with tests/test_workflow.py) and
+    on SLURM (`--profile slurm`)."""
     root = tmp_path_factory.mktemp("runs")
-    local = _workdir(root / "local", root / "cache-local")
-    code, local_output, local_s = _snakemake(local, "--cores", "2", env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert code == 0, local_output[-6000:]
+    local, local_output, local_s = completed_run.workdir, completed_run.output, completed_run.seconds
 
     slurm = _workdir(root / "slurm", root / "cache-slurm")
     code, output, slurm_s = _snakemake(slurm, "--profile", "slurm", env=slurm_profile)
