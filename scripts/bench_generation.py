@@ -59,7 +59,7 @@ def hf_generate(policy: PolicyModel, perspectives, params: SamplingParams, seed:
     texts = [policy.render(m) for m in perspectives]
     side = tok.padding_side
     tok.padding_side = "left"
-    enc = tok(texts, add_special_tokens=False, return_tensors="pt", padding=True)
+    enc = tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(model.device)
     tok.padding_side = side
     kwargs = dict(max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id)
     if params.min_new_tokens:
