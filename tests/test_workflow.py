@@ -195,11 +195,12 @@ def test_report_figures_show_their_inputs(completed_run):
 
 def test_every_rule_logs_and_benchmarks(completed_run):
     results = completed_run.workdir / "results"
-    for name in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "gather_soft_labels",
-                 "soft_labels/0-of-2", "prm_adapter", "greedy_base", "greedy_sft", "random_of_n", "best_of_n",
-                 "beam_search", "eval_summary", "eval_report_figures"):
-        assert "rule " in (results / f"logs/{name}.log").read_text()
-        assert (results / f"benchmarks/{name}.tsv").exists()
+    finished = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", completed_run.output)) - {"all"}
+    assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures"} <= finished
+    for rule in finished:   # a rule with wildcards (a label shard) logs into a folder of its name
+        name = "soft_labels/0-of-2" if rule == "soft_labels" else rule
+        assert "rule " in (results / f"logs/{name}.log").read_text(), rule
+        assert (results / f"benchmarks/{name}.tsv").exists(), rule
     assert "episodes done" in (results / "logs/base_rollouts.log").read_text()
     assert "sft step" in (results / "logs/sft_adapter.log").read_text()
 
@@ -298,4 +299,4 @@ def test_inspect_command_on_every_record_file(completed_run, name):
             line.startswith(f"  {group}: {groups.count(group)} rows,") for line in lines), group
     if "label" in table.column_names:
         assert any(line.strip().startswith("label: mean ") for line in lines)
-    assert "example row 0:" in lines
+    assert ("example row 0:" in lines) == (table.num_rows > 0)
