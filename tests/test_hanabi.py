@@ -117,11 +117,11 @@ def test_deduction_score_partial_credit_given_what_is_knowable():
                     HandCard(Card("yellow", 1))])                                  # nothing known
     assert bot.ideal_deduction(state, 0) == [("red", None), ("yellow", 3), (None, None)]
     cases = {
-        "R? Y3 ??": (1.0, 1),       # the ideal answer
-        "R2 Y3 Y1": (1.0, 1),       # true values of open attributes are not punished
-        "R1 Y3 ??": (5 / 6, 0),     # a wrong guess of an open rank
-        "?? ?? ??": (0.5, 0),       # knowable attributes left open: colour of 1, both of 2
-        "Y? Y? ??": (2 / 3, 0),     # wrong known colour; known rank left open
+        "R? Y3 ??": (1.0, 1),       # the ideal answer (card 3: nothing knowable, nothing claimed: not scored)
+        "R2 Y3 Y1": (1.0, 1),       # true claims on open attributes are not punished
+        "R1 Y3 ??": (0.75, 0),      # card 1: colour right, a wrong guess of its open rank
+        "?? ?? ??": (0.0, 0),       # every knowable attribute left open
+        "Y? Y? ??": (0.25, 0),      # card 1: wrong colour; card 2: colour right, its known rank left open
         "R?": (1 / 3, 0),           # missing entries score 0
     }
     for text, expected in cases.items():

@@ -21,17 +21,20 @@ Parse modes (as the other built-in games, :mod:`clemprm.games.common`):
 A move is valid when its slot, colour or rank exists; whether it is legal now (tokens, a hint touching a card)
 is the game's check. An answer without a valid move (or, strict, without a valid deduction) is a violation.
 
-Deduction score (per turn, in [0, 1]): each card's colour and rank are scored against the card's truth, given what
-is knowable from the hints the player received (told values and the values hints ruled out; card counting is
-not required):
+Deduction score (per turn, in [0, 1]): each card is scored against its truth on what is knowable from the hints
+the player received (told values and the values hints ruled out; card counting is not required) and on what the
+player claims:
 
-* an attribute the hints determine earns 1 when the entry names the true value (``?`` earns 0: it is knowable);
-* an attribute the hints leave open earns 1 for ``?`` or for the true value (a correct card-counting deduction is
-  not punished), 0 for a wrong value (a guess).
+* an attribute (colour or rank) the hints determine is scored: 1 when the entry names the true value, 0 otherwise
+  (``?`` included: it is knowable);
+* an attribute the hints leave open is scored only when the entry names a value (a claim): 1 when it is true (a
+  correct card-counting deduction is not punished), 0 when not (a guess); ``?`` there is not scored.
 
-A card scores the mean of its two attributes, the deduction the mean over the hand's cards (a missing entry
-scores 0). Exact deduction is 1 when every attribute of every card earns 1. The ideal answer names exactly what
-the hints determine and ``?`` elsewhere.
+A card's credit is the mean of its scored attributes (a card with none is left out); a card without an entry
+scores 0. The deduction score is the mean over the hand's scored cards: 1 when nothing is knowable and nothing
+is claimed. No deduction at all scores 0. Exact deduction is 1 when the deduction gives every card and every scored
+attribute is right. The ideal answer names exactly what the hints determine and ``?`` elsewhere; answering ``?``
+everywhere scores 0 as soon as the hints determine anything.
 """
 
 from __future__ import annotations
@@ -131,27 +134,25 @@ def parse_answer(text, config: DeckConfig, hand_len: int, mode: str) -> Answer:
     return Answer(move, deduction, reason)
 
 
-def deduction_credit(entry, hand_card, config: DeckConfig) -> float:
-    """One card's deduction credit (see the module doc): the mean of its colour's and rank's."""
+def deduction_credit(entry, hand_card, config: DeckConfig) -> float | None:
+    """One card's deduction credit (see the module doc); None when the card has no scored attribute."""
     if entry is None:
         return 0.0
     known_colour, known_rank = hand_card.knowable(config)
-    credits = []
-    for stated, known, true in ((entry[0], known_colour, hand_card.card.colour), (entry[1], known_rank,
-                                                                                 hand_card.card.rank)):
-        if known is not None:
-            credits.append(float(stated == true))
-        else:
-            credits.append(float(stated is None or stated == true))
-    return sum(credits) / 2
+    credits = [float(stated == true) for stated, known, true in
+               ((entry[0], known_colour, hand_card.card.colour), (entry[1], known_rank, hand_card.card.rank))
+               if known is not None or stated is not None]
+    return sum(credits) / len(credits) if credits else None
 
 
 def deduction_scores(deduction, state: HanabiState, player: int) -> tuple[float, int]:
-    """``(deduction score, exact deduction)`` of a deduction of ``player``'s hand (None: no deduction)."""
+    """``(deduction score, exact deduction)`` of a deduction of ``player``'s hand (None: no deduction, 0)."""
+    if deduction is None:
+        return 0.0, 0
     hand = state.hands[player]
-    entries = list(deduction or ())
-    entries += [None] * (len(hand) - len(entries))
-    credits = [deduction_credit(entry, hc, state.config) for entry, hc in zip(entries, hand)]
+    entries = list(deduction) + [None] * (len(hand) - len(deduction))
+    credits = [credit for entry, hc in zip(entries, hand)
+               if (credit := deduction_credit(entry, hc, state.config)) is not None]
     score = sum(credits) / len(credits) if credits else 1.0
     return score, int(all(credit == 1.0 for credit in credits))
 
