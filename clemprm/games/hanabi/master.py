@@ -96,7 +96,8 @@ class Hanabi(DialogueGameMaster):
             self.state.abort()
         else:
             self.reprompted = True
-            self.set_context_for(self.current_player, reprompt(error.reason))
+            self.set_context_for(self.current_player, reprompt(error.reason, self.deck_config,
+                                                               len(self.game.hands[self.game.current])))
 
     def _advance_game(self, player: Player, move: Move):
         self.consecutive_violations = 0

@@ -47,8 +47,8 @@ from clemprm.games.hanabi.rules import DeckConfig, HanabiState, Move
 
 DEDUCTION_TAG = "DEDUCTION"
 MOVE_TAG = "MOVE"
-ANSWER_FORMAT = (f"{DEDUCTION_TAG}: <your cards from slot 1: colour letter or ?, then rank or ?, e.g. R? ?2 ??>\n"
-                 f"{MOVE_TAG}: <play N | discard N | hint COLOUR | hint RANK>")
+ANSWER_FORMAT = (f"Reply with two lines: {DEDUCTION_TAG} gives one entry per card of yours, slot 1 first (colour "
+                 f"letter or ?, then rank or ?); {MOVE_TAG} is play N, discard N, hint COLOUR or hint RANK.")
 
 _DECORATION = " \t*_`'\"<>()[]{}.:,;"
 _MOVE = re.compile(
@@ -212,10 +212,18 @@ def state_prompt(state: HanabiState, player: int) -> str:
     ]
     if state.last_move[partner]:
         lines.append(f"Partner's last move: {state.last_move[partner]}.")
-    lines.append(f"Reply with two lines:\n{ANSWER_FORMAT}")
+    lines.append(answer_instructions(config, len(state.hands[player])))
     return "\n".join(lines)
 
 
-def reprompt(reason: str) -> str:
+def answer_instructions(config: DeckConfig, hand_len: int) -> str:
+    """The answer format with an example answer for a hand of ``hand_len`` cards (SmolLM2 rarely keeps a format
+    it is not shown)."""
+    entries = ["??", f"{config.letter(config.colours[0])}?", "?1"]
+    example = " ".join(entries[slot % len(entries)] for slot in range(hand_len))
+    return f"{ANSWER_FORMAT} For example:\n{DEDUCTION_TAG}: {example}\n{MOVE_TAG}: play 1"
+
+
+def reprompt(reason: str, config: DeckConfig, hand_len: int) -> str:
     """The one reprompt after a violation: why, and the format again."""
-    return f"Invalid answer: {reason}. Try again. Reply with two lines:\n{ANSWER_FORMAT}"
+    return f"Invalid answer: {reason}. Try again. {answer_instructions(config, hand_len)}"
