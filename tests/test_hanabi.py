@@ -347,6 +347,8 @@ def test_turn_rewards_match_the_round_scores_and_work_mid_game(catalog, scripted
     episode = engine.start(catalog.instances("hanabi", "validation")[0], [policy], "e", 1)
     engine.run([episode], max_turns=4)
     partial = turn_rewards(episode)  # unfinished game
+    game_master = episode.env.game_master  # a label continuation capped here scores the stacks so far
+    assert game_master.partial_bench_score() == 100 * game_master.game.score() / 6
     assert len(partial) == 4 and partial[1] == {"deduction": 0.0, "exact_deduction": 0, "move_rating": 0.0, "format": 0}
     engine.run([episode])
     assert episode.done and episode.error is None

@@ -47,8 +47,8 @@ from clemprm.games.hanabi.rules import DeckConfig, HanabiState, Move
 
 DEDUCTION_TAG = "DEDUCTION"
 MOVE_TAG = "MOVE"
-ANSWER_FORMAT = (f"Reply with two lines: {DEDUCTION_TAG} gives one entry per card of yours, slot 1 first (colour "
-                 f"letter or ?, then rank or ?); {MOVE_TAG} is play N, discard N, hint COLOUR or hint RANK.")
+ANSWER_FORMAT = (f"Answer with two lines: {DEDUCTION_TAG}, what you know of your cards, slot 1 first (colour letter "
+                 f"or ?, then rank or ?), and {MOVE_TAG}, your move.")
 
 _DECORATION = " \t*_`'\"<>()[]{}.:,;"
 _MOVE = re.compile(
@@ -170,12 +170,11 @@ def answer_text(deduction, move: Move, config: DeckConfig) -> str:
 # prompts
 
 RULES = (
-    "You play Hanabi with a partner. Cards have a colour ({colours}) and a rank (1 to {ranks}). Together you build "
-    "one stack per colour, from 1 up to {ranks} in order. You see your partner's cards, not your own.\n"
-    "Moves: play N plays your card in slot N: if it is the next rank of its stack it is added, else a fuse token "
-    "is lost. discard N discards it and gives back a hint token (not when all {hints} are there). hint COLOUR or "
-    "hint RANK spends a hint token to tell your partner which of their cards have it (at least one). "
-    "After a play or discard you draw into your last slot."
+    "Hanabi, a card game with a partner. Colours: {colours}; ranks 1 to {ranks}. Build each colour's stack from 1 "
+    "to {ranks} in order. You see your partner's cards, not yours.\n"
+    "Moves: play N (your card in slot N goes on its stack; a wrong card costs a fuse token), discard N (gives a "
+    "hint token back; not with all {hints}), hint COLOUR or hint RANK (costs a hint token; tells your partner all "
+    "their cards of it, at least one). You draw into your last slot."
 )
 
 
