@@ -104,14 +104,29 @@ class GameCatalog:
             return rows
         return [(exp, inst) for exp, inst in rows if hash_split(game, exp["name"], inst["game_id"]) == split]
 
+    def experiments(self, game: str) -> set[str] | None:
+        """The experiments of ``game`` that games.experiments selects (None: all); an unknown name is an error."""
+        selected = self.config.get("experiments", {}).get(game)
+        if selected is None:
+            return None
+        known = {exp["name"] for split in SPLITS for exp, _ in self._raw_rows(game, split)}
+        unknown = sorted(set(selected) - known)
+        if unknown:
+            raise ValueError(f"games.experiments.{game}: no experiment {unknown} (known: {', '.join(sorted(known))})")
+        return set(selected)
+
     def instances(self, game: str, split: str) -> list[Instance]:
-        """Instances of ``game`` in ``split``: filtered by the instance list, capped by games.max_instances."""
+        """Instances of ``game`` in ``split``: filtered by games.experiments and the instance list, capped by
+        games.max_instances."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+        experiments = self.experiments(game)
         by_experiment: dict[str, list[Instance]] = {}
         for experiment, instance in self._raw_rows(game, split):
             key = (game, experiment["name"], int(instance["game_id"]), split)
             if self.instance_list is not None and key not in self.instance_list:
+                continue
+            if experiments is not None and experiment["name"] not in experiments:
                 continue
             experiment = {k: v for k, v in experiment.items() if k != "game_instances"}
             if game in self.config["builtin"]:

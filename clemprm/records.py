@@ -104,6 +104,21 @@ EVAL_EPISODES = pa.schema(list(EPISODES) + [
     ("search_nodes", pa.int64()),      # candidate answers generated: the search tree's nodes (greedy: one per turn)
 ])
 
+# Game states to train on single-turn (``rl.data: states``): the prompt at a state and the answers that reach it.
+STATES = pa.schema([
+    ("state_id", pa.string()),         # "<game>/<experiment>/<game_id>/<turn_idx>"
+    ("game", pa.string()),
+    ("experiment", pa.string()),
+    ("game_id", pa.int64()),
+    ("split", pa.string()),
+    ("turn_idx", pa.int32()),          # answers played before the state (len(history))
+    ("player", pa.string()),           # the player to move
+    ("game_role", pa.string()),
+    ("messages", MESSAGES),            # its perspective at the state (roles merged): the single-turn prompt
+    ("history", pa.list_(pa.string())),  # every answer from the start up to the state: replaying them reaches it
+    ("reference", pa.string()),        # the answer of the player that made the states (e.g. hanabi's rule-based one)
+])
+
 
 class RecordFileError(ValueError):
     """A record file that cannot be read or does not have the expected schema; names the file."""

@@ -1,4 +1,4 @@
-"""The project's own offline, text-only clemcore games: guessnumber, wordref and oddoneout.
+"""The project's own offline, text-only clemcore games: guessnumber, wordref, oddoneout and hanabi.
 
 Each game is a clemcore game folder ``clemprm/games/<name>/`` (``clemgame.json``, ``master.py`` with one
 ``GameBenchmark`` subclass, ``instancegenerator.py``, ``in/instances_<split>.json``). Load one in-process with
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-BUILTIN_GAMES: tuple[str, ...] = ("guessnumber", "wordref", "oddoneout")
+BUILTIN_GAMES: tuple[str, ...] = ("guessnumber", "wordref", "oddoneout", "hanabi")
 SPLITS = ("train", "validation", "test")
 
 GAMES_DIR = Path(__file__).resolve().parent
