@@ -166,3 +166,9 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns == bp_mtime
     relabelled = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
     assert {row["k"] for row in relabelled} <= {0, 3}
+
+    # the merge stage: every adapter merged into a standalone checkpoint that matches PEFT(base + adapter)
+    for name in ("sft", "prm"):
+        verification = json.loads((workdir / f"results/merged/{name}/verification.json").read_text())
+        assert verification["passed"] and (workdir / f"results/merged/{name}/config.json").is_file()
+        assert "verification (passed)" in (workdir / f"results/logs/merge/{name}.log").read_text()
