@@ -106,6 +106,21 @@ def test_tied_lm_head_merge_matches_peft_and_merge_and_unload_does_not(tied_merg
     assert reloaded.lm_head.weight.data_ptr() != reloaded.get_input_embeddings().weight.data_ptr()
 
 
+def test_tied_embedding_lora_gets_its_own_embedding_and_lm_head_keeps_the_base(tied_base, test_cache_dir, tmp_path):
+    # the tied case the SFT stage can train (TRL refuses a LoRA on lm_head, not one on embed_tokens)
+    adapter = write_lora(tied_base, test_cache_dir, tmp_path / "adapter", ["embed_tokens", "q_proj"], b_scale=0.05)
+    verification = merge.merge_and_verify("sft", "causal-lm", merge_settings(tied_base), adapter,
+                                          write_sft_data(tmp_path / "sft.jsonl"), str(tmp_path / "merged"),
+                                          test_cache_dir)
+    assert verification["passed"] and verification["untied"] == ["model.embed_tokens"]
+    assert merge.threshold_failures(verification["contrasts"]["peft_merge_and_unload"], verification["thresholds"])
+    weights = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    base = load_file(str(Path(tied_base) / "model.safetensors"))
+    embedding = next(value for key, value in base.items() if key.endswith("embed_tokens.weight"))
+    assert torch.equal(weights["lm_head.weight"], embedding)
+    assert not torch.equal(next(v for k, v in weights.items() if k.endswith("embed_tokens.weight")), embedding)
+
+
 def test_bf16_merge_of_a_small_update_loses_it(tied_base, test_cache_dir, tmp_path):
     adapter = write_lora(tied_base, test_cache_dir, tmp_path / "adapter", CAUSAL_TARGETS, b_scale=2.5e-4)
     verification = merge.merge_and_verify("sft", "causal-lm", merge_settings(tied_base), adapter,
