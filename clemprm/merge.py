@@ -187,10 +187,20 @@ class UpdateStats:
     squared_error: float = 0.0
 
     def add(self, before, after, delta) -> None:
+        """One layer's fp32 weights before and after its merge, and its update; no float64 copies (an lm_head is
+        large): ``after - before`` is exact in fp32 for an update much smaller than the weights (Sterbenz)."""
+        import torch
+
+        def norm(tensor) -> float:
+            return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+
         self.layers += 1
-        self.max_relative_update = max(self.max_relative_update, float(delta.norm() / before.norm().clamp_min(1e-30)))
-        self.squared_update += float(delta.double().norm() ** 2)
-        self.squared_error += float((after.double() - before.double() - delta.double()).norm() ** 2)
+        update = norm(delta)
+        self.max_relative_update = max(self.max_relative_update, update / max(norm(before), 1e-30))
+        self.squared_update += update ** 2
+        error = after - before
+        error -= delta
+        self.squared_error += norm(error) ** 2
 
     def as_dict(self) -> dict:
         lost = math.sqrt(self.squared_error / self.squared_update) if self.squared_update else 0.0
@@ -200,10 +210,12 @@ class UpdateStats:
 def merge_lora_layers(peft_model):
     """Merge every LoRA layer into its base weight (PEFT's per-layer merge, in the weights' dtype) and unwrap the
     model; ``(model, UpdateStats)``."""
+    import torch
+
     stats = UpdateStats()
     for layer in lora_layers(peft_model).values():
         weight = layer.get_base_layer().weight
-        before = weight.detach().float().clone()
+        before = weight.detach().to(torch.float32, copy=True)
         delta = sum(layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters)
         layer.merge(adapter_names=list(layer.active_adapters))
         stats.add(before, weight.detach().float(), delta)
