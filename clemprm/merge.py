@@ -380,7 +380,7 @@ class Comparison:
     def as_dict(self) -> dict:
         ll_reference, ll_other = self.ll_reference / self.ll_count, self.ll_other / self.ll_count
         return {"mean_abs_logit_diff": self.abs_sum / self.values, "max_abs_logit_diff": self.max_abs,
-                "max_kl": max(self.max_kl, 0.0), "argmax_agreement": self.agree / self.positions,
+                "max_kl": self.max_kl, "argmax_agreement": self.agree / self.positions,
                 "log_likelihood": round(ll_other, 6), "reference_log_likelihood": round(ll_reference, 6),
                 "log_likelihood_diff": abs(ll_other - ll_reference), "positions": self.positions,
                 "max_abs_reference_logit": self.max_abs_reference_logit}
