@@ -5,6 +5,7 @@ import os
 from snakemake.utils import min_version
 
 from clemprm.config import eval_mode_params, sections, validate_config
+from clemprm.merge import merge_params
 
 min_version("9.0")
 
@@ -23,6 +24,7 @@ include: "rules/sft.smk"
 include: "rules/labels.smk"
 include: "rules/prm.smk"
 include: "rules/eval.smk"
+include: "rules/merge.smk"
 
 
 rule all:
@@ -32,4 +34,5 @@ rule all:
         "results/report/soft_labels.png",
         "results/report/prm_calibration.png",
         "results/report/training_curves.png",
+        expand("results/merged/{name}", name=MERGED_ADAPTERS),
     default_target: True

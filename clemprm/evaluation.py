@@ -8,6 +8,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
                  control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
 ``beam_search``  the SFT policy; beams of forked games ranked by the PRM
+``greedy_merged`` the merged SFT checkpoint (``results/merged/sft``, :mod:`clemprm.merge`), temperature 0: on CPU in
+                 fp32 it plays the episodes of ``greedy_sft``; only played when listed in ``eval.modes``
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -101,19 +103,25 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
-                  prm_adapter: str | None = None, *, policy=None, prm=None) -> list[dict]:
+                  prm_adapter: str | None = None, *, merged_model: str | None = None, policy=None,
+                  prm=None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
     always picks with a :class:`~clemprm.search.RandomScorer`). The parquet's provenance also holds the run:
     policy, PRM adapter, wall seconds of play, model counters.
+    ``merged_model``: the merged SFT folder (:mod:`clemprm.merge`) that ``greedy_merged`` plays.
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     instances = catalog.all_instances(eval_settings["split"])
+    if policy is None and mode == "greedy_merged":
+        if not merged_model:
+            raise ValueError("eval mode greedy_merged plays the merged SFT checkpoint: give its folder")
+        policy = load_policy({**settings["model"], "spec": str(merged_model), "adapter": None}, cache_dir)
     if policy is None:
         if mode != "greedy_base" and not sft_adapter:
             raise ValueError(f"eval mode {mode} plays the SFT policy: give the SFT adapter folder")

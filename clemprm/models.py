@@ -333,7 +333,7 @@ def build_tiny_tokenizer():
         clean_up_tokenization_spaces=False)
 
 
-def build_tiny_model(seed: int, out: str | os.PathLike | None = None):
+def build_tiny_model(seed: int, out: str | os.PathLike | None = None, *, tie_word_embeddings: bool = False):
     """A tiny random Qwen3.5 (composite ``qwen3_5`` config) and its tokenizer; saved to ``out`` if given.
 
     Layers: 3 linear-attention (Gated DeltaNet) + 1 full-attention, hidden 64, about 0.3M text parameters.
@@ -343,6 +343,8 @@ def build_tiny_model(seed: int, out: str | os.PathLike | None = None):
     sampled answers end within about 20 tokens.
     Returns ``(tokenizer, model)`` (the model is a ``Qwen3_5ForConditionalGeneration``; ``AutoModelForCausalLM``
     loads the text part as ``Qwen3_5ForCausalLM``, as for the real checkpoints).
+    ``tie_word_embeddings``: ``lm_head`` shares the input embedding (as SmolLM2's does; tests of tied merges). The
+    ``tiny:<seed>`` specs stay untied.
     """
     import torch
     from transformers import GenerationConfig, Qwen3_5Config
@@ -355,11 +357,12 @@ def build_tiny_model(seed: int, out: str | os.PathLike | None = None):
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=eos, pad_token_id=pad,
+        max_position_embeddings=4096, tie_word_embeddings=tie_word_embeddings, eos_token_id=eos, pad_token_id=pad,
         bos_token_id=None, rms_norm_eps=1e-6)
     vision_config = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                          patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
-    config = Qwen3_5Config(text_config=text_config, vision_config=vision_config, tie_word_embeddings=False)
+    config = Qwen3_5Config(text_config=text_config, vision_config=vision_config,
+                           tie_word_embeddings=tie_word_embeddings)
     config.pad_token_id = pad
     config.eos_token_id = eos
     with torch.random.fork_rng(devices=[]):

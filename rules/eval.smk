@@ -138,3 +138,24 @@ rule eval_report_figures:
         "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/eval_report_figures.py"
+
+
+# Optional (only when listed in eval.modes): the merged SFT checkpoint played greedily; on CPU in fp32 it plays the
+# episodes of greedy_sft.
+rule greedy_merged:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        merged_model="results/merged/sft",
+    output:
+        "results/eval/greedy_merged.parquet",
+    params:
+        settings=eval_mode_params(config, "greedy_merged"),
+    log:
+        "results/logs/greedy_merged.log",
+    benchmark:
+        "results/benchmarks/greedy_merged.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"

@@ -225,11 +225,11 @@ RERUNS = {
     "win_filter": ({"win_filter": {"min_bench_score": 50.0}},
                    {"win_filter", "sft_adapter", "branch_points", "soft_labels", "prm_adapter", "greedy_sft",
                     "eval_summary"}, {"base_rollouts", "greedy_base"}),
-    "sft": ({"sft": {"lr": 2e-3}}, {"sft_adapter", "branch_points", "greedy_sft", "best_of_n"},
+    "sft": ({"sft": {"lr": 2e-3}}, {"sft_adapter", "branch_points", "greedy_sft", "best_of_n", "merge"},
             {"base_rollouts", "win_filter", "greedy_base"}),
     "labels": ({"labels": {"k": 3}}, {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"},
                {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}),
-    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "beam_search", "eval_summary"},
+    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "beam_search", "eval_summary", "merge"},
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
@@ -300,3 +300,12 @@ def test_inspect_command_on_every_record_file(completed_run, name):
     if "label" in table.column_names:
         assert any(line.strip().startswith("label: mean ") for line in lines)
     assert ("example row 0:" in lines) == (table.num_rows > 0)
+
+
+def test_merged_adapters(completed_run):
+    """The merge stage: every adapter merged into a standalone checkpoint that matches PEFT(base + adapter)."""
+    results = completed_run.workdir / "results"
+    for name in ("sft", "prm"):
+        verification = json.loads((results / f"merged/{name}/verification.json").read_text())
+        assert verification["passed"] and (results / f"merged/{name}/config.json").is_file()
+        assert "verification (passed)" in (results / f"logs/merge/{name}.log").read_text()

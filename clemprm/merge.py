@@ -1,0 +1,524 @@
+"""The ``merge`` stage: a trained adapter merged into its base as a standalone checkpoint, and proof that it matches.
+
+Merging
+    The base is loaded by the one model loader in fp32 and full precision (``quantization: none``, even when the
+    adapter was trained on a 4-bit NF4 base: a quantized base is never merged into) with the adapter on top, every
+    LoRA layer is merged into its base weight (``W + B @ A * scale``, PEFT's own per-layer ``merge``), the model
+    is unwrapped (a ``modules_to_save`` copy such as the PRM's ``score`` head replaces the original module) and
+    cast to ``merge.dtype`` (fp32 by default) and saved: config, tokenizer, safetensors shards.
+
+Tied embeddings
+    When the base ties ``lm_head`` to ``embed_tokens`` (SmolLM2 does) and the adapter targets one of them, PEFT's
+    ``merge_and_unload()`` adds the delta to the one shared tensor, so the merged model also reads changed input
+    embeddings, which the adapted model never did. Here every adapted weight that another module shares gets its
+    own copy before the merge: ``lm_head.weight = embed_tokens.weight + B @ A`` as its own tensor, ``embed_tokens``
+    unchanged, and ``tie_word_embeddings: false`` in the saved config.
+
+Verification (``verification.json`` beside the weights)
+    The saved folder, loaded again through the loader as a local path in fp32, against the reference PEFT(base fp32
+    + adapter) on ``merge.examples`` held-out examples of at most ``merge.max_tokens`` tokens (their last tokens):
+
+    - causal LM (the policy adapters): SFT pairs of the held-out SFT instances (the SFT stage's own split; the
+      train side when there is none). Per position over the vocabulary: mean and max |logit diff|, max KL(reference
+      || merged), argmax agreement, and the mean per-token log-likelihood of the example's tokens under both.
+    - sequence classification (the PRM, one logit): soft-labelled branch points of the held-out PRM instances. Per
+      example the scalar logit: mean and max |logit diff|, max Bernoulli KL of ``sigmoid(logit)``, agreement of
+      the decision ``logit > 0``, and the mean soft-label log-likelihood ``y log p + (1 - y) log(1 - p)``. The
+      trained ``score`` head must survive the merge: every ``modules_to_save`` module of the adapter must equal its
+      trained copy in the saved model (after the cast to ``merge.dtype``).
+
+    The same numbers, so a reader sees the check could have seen a difference, for the adapter itself (the
+    reference against the base with the LoRA layers switched off, trained heads kept) and, when ``merge.contrasts``,
+    for two wrong merges: the same merge done in half precision (a bf16 base, updates rounded into bf16 weights)
+    and, where weights were untied, PEFT's plain ``merge_and_unload()``. Each merge also reports its update:
+    ``max ||dW|| / ||W||`` over the merged layers and how much of ``dW`` the merged weights lost
+    (``||W_merged - W - dW|| / ||dW||``). The stage fails (:class:`VerificationError`, naming the metric) when the
+    merged model misses a threshold of ``merge.thresholds``.
+
+Load a merged model with ``ModelConfig(spec="results/merged/<name>")`` (a local folder: any loader, vLLM, TGI).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clemprm.config import provenance, sections
+from clemprm.sft import peak_memory_mb, sample_at_most, split_instances, write_json
+
+log = logging.getLogger(__name__)
+
+# the config section that holds each task's examples (and, for seq-cls, the PRM's base model)
+EXAMPLE_SECTION = {"causal-lm": "sft", "seq-cls": "prm"}
+HALF_PRECISION = "bfloat16"
+# metric -> whether the threshold is a minimum (True) or a maximum (False)
+THRESHOLD_IS_MINIMUM = {"mean_abs_logit_diff": False, "max_abs_logit_diff": False, "max_kl": False,
+                        "argmax_agreement": True, "log_likelihood_diff": False}
+KL_CHUNK = 256   # positions per float64 log-softmax: bounds the memory of a large vocabulary
+
+
+class VerificationError(RuntimeError):
+    """The merged model does not match PEFT(base + adapter) within ``merge.thresholds``."""
+
+
+def merge_params(config: dict, task: str) -> dict:
+    """A merge rule's ``params`` (its rerun trigger): the model, where its examples come from, and ``merge``."""
+    return sections(config, "seed", "model", EXAMPLE_SECTION[task], "merge")
+
+
+# --------------------------------------------------------------------------------------------- examples
+
+
+@dataclass
+class Examples:
+    """The verification inputs: token ids (each at most ``max_tokens``), soft labels for seq-cls, and where from."""
+
+    sequences: list[list[int]]
+    labels: list[float] | None
+    source: str
+
+
+def _held_out(examples: list, keys: list, fraction: float, seed: int, n: int) -> tuple[list, str]:
+    """``n`` examples of the instances the training stage held out (its own split), else of its train side."""
+    validation_keys = split_instances(keys, fraction, seed)
+    held_out = [e for e, key in zip(examples, keys) if key in validation_keys]
+    if held_out:
+        return sample_at_most(held_out, n, seed), "validation"
+    return sample_at_most(examples, n, seed), "train"
+
+
+def sft_examples(settings: dict, tokenizer, eos_ids: list, data_path: str, n: int, max_tokens: int) -> Examples:
+    """``n`` prompt + answer pairs of the SFT stage's held-out instances, rendered and split as it did."""
+    from clemprm import sft as sft_stage
+
+    sft = settings["sft"]
+    chat = sft_stage.ChatFormat(tokenizer, settings["model"].get("chat_template_kwargs"), eos_ids)
+    rows = sft_stage.read_interactions(data_path)
+    if sft.get("extra_data"):
+        rows += [row for row in sft_stage.read_interactions(sft["extra_data"]) if sft_stage.is_success(row)]
+    examples, _ = sft_stage.build_examples(rows, chat, sft["max_length"], "sft_data")
+    chosen, source = _held_out(examples, [e.key for e in examples], sft["validation_fraction"], settings["seed"], n)
+    return Examples([e.input_ids[-max_tokens:] for e in chosen], None, source)
+
+
+def prm_examples(settings: dict, tokenizer, labels_path: str, n: int, max_tokens: int) -> Examples:
+    """``n`` soft-labelled branch points of the PRM stage's held-out instances, as the PRM reads them."""
+    from clemprm import prm as prm_stage
+
+    prm = settings["prm"]
+    examples = prm_stage.build_examples(prm_stage.read_labels(labels_path), tokenizer,
+                                        settings["model"].get("chat_template_kwargs"), prm["max_length"])
+    chosen, source = _held_out(examples, [e.key for e in examples], prm["validation_fraction"], settings["seed"], n)
+    return Examples([e.input_ids[-max_tokens:] for e in chosen], [e.label for e in chosen], source)
+
+
+def build_examples(task: str, settings: dict, tokenizer, model, data_path: str) -> Examples:
+    """The verification examples of ``task`` from ``data_path``, tokenised for ``model``; an error if there is none."""
+    n, max_tokens = settings["merge"]["examples"], settings["merge"]["max_tokens"]
+    if task == "causal-lm":
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        eos_ids = [tokenizer.eos_token_id] + (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+        examples = sft_examples(settings, tokenizer, eos_ids, data_path, n, max_tokens)
+    else:
+        examples = prm_examples(settings, tokenizer, data_path, n, max_tokens)
+    if not examples.sequences:
+        raise VerificationError(f"no example in {data_path} to verify the merge on")
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------- merging
+
+
+def adapted_model_config(task: str, settings: dict, adapter_dir: str, dtype: str = "float32",
+                         cache_dir: str | None = None):
+    """The adapter's base (the PRM's: ``prm.base_model`` or ``model.spec``) + the adapter, unquantized, in ``dtype``."""
+    from clemprm.models import ModelConfig
+    from clemprm.prm import prm_model_config
+
+    model = {**settings["model"], "quantization": "none", "dtype": dtype}
+    if task == "seq-cls":
+        return prm_model_config(model, settings["prm"], adapter_dir, cache_dir)
+    return ModelConfig.from_dict({**model, "adapter": adapter_dir, "cache_dir": cache_dir})
+
+
+def lora_layers(peft_model) -> dict:
+    """The LoRA layers of a PEFT model by module name (relative to the base model)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: module for name, module in peft_model.get_base_model().named_modules()
+            if isinstance(module, LoraLayer)}
+
+
+def untie_adapted_weights(peft_model) -> list[str]:
+    """Give every adapted weight that another module shares (``lm_head`` tied to ``embed_tokens``) its own copy, and
+    untie the config, so merging changes that module alone. Returns the names of the untied modules."""
+    import torch
+
+    base = peft_model.get_base_model()
+    owners = collections.Counter(id(p) for _, p in base.named_parameters(remove_duplicate=False))
+    untied = []
+    for name, layer in lora_layers(peft_model).items():
+        module = layer.get_base_layer()
+        if owners[id(module.weight)] > 1:
+            module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+            untied.append(name)
+    if untied:
+        for config in {id(c): c for c in (base.config, base.config.get_text_config())}.values():
+            config.tie_word_embeddings = False
+    return untied
+
+
+@dataclass
+class UpdateStats:
+    """What a merge did to the weights: merged layers, the largest relative update ``||dW|| / ||W||`` and how much of
+    the updates the merged weights lost, ``||W_merged - W - dW|| / ||dW||`` over all layers (0: exact)."""
+
+    layers: int = 0
+    max_relative_update: float = 0.0
+    squared_update: float = 0.0
+    squared_error: float = 0.0
+
+    def add(self, before, after, delta) -> None:
+        """One layer's fp32 weights before and after its merge, and its update; no float64 copies (an lm_head is
+        large): ``after - before`` is exact in fp32 for an update much smaller than the weights (Sterbenz)."""
+        import torch
+
+        def norm(tensor) -> float:
+            return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+
+        self.layers += 1
+        update = norm(delta)
+        self.max_relative_update = max(self.max_relative_update, update / max(norm(before), 1e-30))
+        self.squared_update += update ** 2
+        error = after - before
+        error -= delta
+        self.squared_error += norm(error) ** 2
+
+    def as_dict(self) -> dict:
+        lost = math.sqrt(self.squared_error / self.squared_update) if self.squared_update else 0.0
+        return {"layers": self.layers, "max_relative_update": self.max_relative_update, "update_lost": lost}
+
+
+def merge_lora_layers(peft_model):
+    """Merge every LoRA layer into its base weight (PEFT's per-layer merge, in the weights' dtype) and unwrap the
+    model; ``(model, UpdateStats)``."""
+    import torch
+
+    stats = UpdateStats()
+    for layer in lora_layers(peft_model).values():
+        weight = layer.get_base_layer().weight
+        before = weight.detach().to(torch.float32, copy=True)
+        delta = sum(layer.get_delta_weight(adapter).float() for adapter in layer.active_adapters)
+        layer.merge(adapter_names=list(layer.active_adapters))
+        stats.add(before, weight.detach().float(), delta)
+    return peft_model.unload(), stats
+
+
+def saved_modules(peft_model) -> dict:
+    """The trained ``modules_to_save`` copies (e.g. the PRM's ``score`` head) by module name: their state dicts."""
+    from peft.utils import ModulesToSaveWrapper
+
+    return {name: {key: value.detach().clone() for key, value in
+                   module.modules_to_save[module.active_adapter].state_dict().items()}
+            for name, module in peft_model.get_base_model().named_modules() if isinstance(module, ModulesToSaveWrapper)}
+
+
+def modules_kept(model, trained: dict, dtype) -> dict:
+    """Per ``modules_to_save`` module: whether the merged model holds its trained weights (cast to ``dtype``)."""
+    kept = {}
+    for name, state in trained.items():
+        merged = model.get_submodule(name).state_dict()
+        kept[name] = all(key in merged and merged[key].dtype == dtype and bool((merged[key] == value.to(dtype)).all())
+                         for key, value in state.items())
+    return kept
+
+
+@dataclass
+class Merged:
+    """A merged model and what its merge did."""
+
+    model: object
+    tokenizer: object
+    update: dict | None
+    untied: list[str] = field(default_factory=list)
+    modules_to_save: dict = field(default_factory=dict)
+
+
+def merge_adapter(cfg, task: str, *, naive: bool = False) -> Merged:
+    """Load ``cfg`` (base + adapter, through the loader) and merge it: adapted shared weights untied first, every
+    LoRA layer merged in the weights' dtype; or, ``naive``, by PEFT's own ``merge_and_unload()`` (a contrast)."""
+    from clemprm.models import load_tokenizer_and_model
+
+    tokenizer, peft_model = load_tokenizer_and_model(cfg, task=task)
+    trained = saved_modules(peft_model)
+    if naive:
+        with _quiet_peft_tying_warnings():
+            return Merged(peft_model.merge_and_unload(), tokenizer, None, [], trained)
+    untied = untie_adapted_weights(peft_model)
+    model, stats = merge_lora_layers(peft_model)
+    return Merged(model, tokenizer, stats.as_dict(), untied, trained)
+
+
+@contextlib.contextmanager
+def _quiet_peft_tying_warnings():
+    """PEFT warns that merging a tied layer 'can lead to complications': the naive contrast shows which."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        warnings.filterwarnings("ignore", message=".*no longer tied.*")
+        yield
+
+
+def save_merged(merged: Merged, out_dir: Path, dtype_name: str) -> dict:
+    """Cast to ``dtype_name`` and save weights, config, generation config and tokenizer; the ``modules_to_save``
+    check of the saved weights."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    model = merged.model.to(dtype)
+    kept = modules_kept(model, merged.modules_to_save, dtype)
+    model.config.dtype = dtype_name
+    model.save_pretrained(str(out_dir))
+    merged.tokenizer.save_pretrained(str(out_dir))
+    return kept
+
+
+# ----------------------------------------------------------------------------------------- verification
+
+
+def forward_outputs(model, sequences: list[list[int]]) -> list:
+    """fp32 logits on CPU, one unpadded example at a time: ``(T, vocab)`` for a causal LM, ``(1,)`` for seq-cls."""
+    import torch
+
+    device = next(model.parameters()).device
+    outputs = []
+    model.eval()
+    with torch.inference_mode():
+        for ids in sequences:
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]
+            outputs.append(logits.float().cpu())
+    return outputs
+
+
+@contextlib.contextmanager
+def lora_disabled(peft_model):
+    """The base model inside ``peft_model``: LoRA layers off, trained ``modules_to_save`` heads kept."""
+    layers = list(lora_layers(peft_model).values())
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield peft_model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+@dataclass
+class Comparison:
+    """Accumulates the agreement of two models' outputs over examples (one row of the verification table)."""
+
+    abs_sum: float = 0.0
+    values: int = 0
+    max_abs: float = 0.0
+    max_kl: float = 0.0
+    agree: int = 0
+    positions: int = 0
+    ll_reference: float = 0.0
+    ll_other: float = 0.0
+    ll_count: int = 0
+    max_abs_reference_logit: float = 0.0
+
+    def add_causal_lm(self, reference, other, ids: list[int]) -> None:
+        """Per position of one example: |logit diff| over the vocabulary, KL, argmax, next-token log-likelihood."""
+        import torch
+
+        self._add_logits(reference, other)
+        self.agree += int((reference.argmax(-1) == other.argmax(-1)).sum())
+        self.positions += reference.shape[0]
+        targets = torch.tensor(ids[1:])
+        for start in range(0, reference.shape[0], KL_CHUNK):
+            a = torch.log_softmax(reference[start:start + KL_CHUNK].double(), -1)
+            b = torch.log_softmax(other[start:start + KL_CHUNK].double(), -1)
+            self.max_kl = max(self.max_kl, float((a.exp() * (a - b)).sum(-1).max()))
+            chunk_targets = targets[start:start + KL_CHUNK]
+            n = chunk_targets.shape[0]   # the last position predicts nothing
+            self.ll_reference += float(a[:n].gather(-1, chunk_targets[:, None]).sum())
+            self.ll_other += float(b[:n].gather(-1, chunk_targets[:, None]).sum())
+            self.ll_count += n
+
+    def add_seq_cls(self, reference, other, label: float) -> None:
+        """One example's scalar logit: |diff|, Bernoulli KL of the sigmoids, decision, soft-label log-likelihood."""
+        import torch.nn.functional as F
+
+        self._add_logits(reference, other)
+        a, b = reference.double(), other.double()
+        kl = (a.sigmoid() * (F.logsigmoid(a) - F.logsigmoid(b))
+              + (-a).sigmoid() * (F.logsigmoid(-a) - F.logsigmoid(-b)))
+        self.max_kl = max(self.max_kl, float(kl.max()))
+        self.agree += int(((a > 0) == (b > 0)).sum())
+        self.positions += a.numel()
+        self.ll_reference += float(label * F.logsigmoid(a) + (1 - label) * F.logsigmoid(-a))
+        self.ll_other += float(label * F.logsigmoid(b) + (1 - label) * F.logsigmoid(-b))
+        self.ll_count += 1
+
+    def _add_logits(self, reference, other) -> None:
+        diff = (reference - other).abs()
+        self.abs_sum += float(diff.double().sum())
+        self.values += diff.numel()
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        self.max_abs_reference_logit = max(self.max_abs_reference_logit, float(reference.abs().max()))
+
+    def as_dict(self) -> dict:
+        ll_reference, ll_other = self.ll_reference / self.ll_count, self.ll_other / self.ll_count
+        return {"mean_abs_logit_diff": self.abs_sum / self.values, "max_abs_logit_diff": self.max_abs,
+                "max_kl": self.max_kl, "argmax_agreement": self.agree / self.positions,
+                "log_likelihood": round(ll_other, 6), "reference_log_likelihood": round(ll_reference, 6),
+                "log_likelihood_diff": abs(ll_other - ll_reference), "positions": self.positions,
+                "max_abs_reference_logit": self.max_abs_reference_logit}
+
+
+def compare(task: str, reference: list, other: list, examples: Examples) -> dict:
+    """One row of the verification table: ``other``'s outputs against ``reference``'s on the examples."""
+    comparison = Comparison()
+    for i, (a, b) in enumerate(zip(reference, other)):
+        if task == "causal-lm":
+            comparison.add_causal_lm(a, b, examples.sequences[i])
+        else:
+            comparison.add_seq_cls(a, b, examples.labels[i])
+    return comparison.as_dict()
+
+
+def threshold_failures(row: dict, thresholds: dict) -> list[str]:
+    """The thresholds a row misses, each naming its metric: ``max_abs_logit_diff 0.31 > 0.05``."""
+    failures = []
+    for metric, limit in thresholds.items():
+        value = row[metric]
+        if (value < limit) if THRESHOLD_IS_MINIMUM[metric] else (value > limit):
+            failures.append(f"{metric} {value:.6g} {'<' if THRESHOLD_IS_MINIMUM[metric] else '>'} {limit:g}")
+    return failures
+
+
+def verification_table(verification: dict) -> str:
+    """The verification rows side by side, one line each (for the log and the benchmark)."""
+    rows = {"merged": verification["merged"], "adapter (base vs PEFT)": verification["adapter_effect"],
+            **{f"contrast: {name}": row for name, row in verification["contrasts"].items() if "skipped" not in row}}
+    header = (f"{'':34} {'mean|dlogit|':>12} {'max|dlogit|':>12} {'max KL':>10} {'argmax':>8} {'loglik':>11} "
+              f"{'ref loglik':>11} {'max dW/W':>9} {'lost':>8}")
+    lines = [header]
+    for name, row in rows.items():
+        update = row.get("update") or {}
+        lines.append(f"{name:34} {row['mean_abs_logit_diff']:12.3g} {row['max_abs_logit_diff']:12.3g} "
+                     f"{row['max_kl']:10.3g} {row['argmax_agreement']:8.4f} {row['log_likelihood']:11.6f} "
+                     f"{row['reference_log_likelihood']:11.6f} {update.get('max_relative_update', math.nan):9.3g} "
+                     f"{update.get('update_lost', math.nan):8.3g}")
+    skipped = [f"contrast {name}: {row['skipped']}" for name, row in verification["contrasts"].items()
+               if "skipped" in row]
+    return "\n".join(lines + skipped)
+
+
+def _contrast_row(task: str, cfg, reference: list, examples: Examples, naive: bool) -> dict:
+    import torch
+
+    merged = merge_adapter(cfg, task, naive=naive)
+    row = compare(task, reference, forward_outputs(merged.model.to(torch.float32), examples.sequences), examples)
+    if merged.update is not None:
+        row["update"] = merged.update
+    return row
+
+
+def verify(task: str, settings: dict, cfg, merged_dir: Path, data_path: str, untied: list[str],
+           cache_dir: str | None) -> dict:
+    """The verification rows: the merged folder (loaded back through the loader) and, for contrast, the adapter's
+    own effect and the wrong merges, each against the reference PEFT(base fp32 + adapter) ``cfg``; the examples."""
+    from clemprm.models import ModelConfig, load_tokenizer_and_model
+
+    tokenizer, reference_model = load_tokenizer_and_model(cfg, task=task)
+    examples = build_examples(task, settings, tokenizer, reference_model, data_path)
+    reference = forward_outputs(reference_model, examples.sequences)
+    with lora_disabled(reference_model) as base_model:
+        base = forward_outputs(base_model, examples.sequences)
+    del reference_model
+    _, reloaded = load_tokenizer_and_model(ModelConfig.from_dict(
+        {**settings["model"], "spec": str(merged_dir), "adapter": None, "quantization": "none", "dtype": "float32",
+         "cache_dir": cache_dir}), task=task)
+    rows = {"merged": compare(task, reference, forward_outputs(reloaded, examples.sequences), examples),
+            "adapter_effect": compare(task, reference, base, examples), "contrasts": {}}
+    del reloaded
+    log.info("merge: verified on %d %s examples (%d tokens)", len(examples.sequences), examples.source,
+             sum(map(len, examples.sequences)))
+    if settings["merge"]["contrasts"]:
+        half = adapted_model_config(task, settings, cfg.adapter, HALF_PRECISION, cache_dir)
+        rows["contrasts"][f"{HALF_PRECISION}_merge"] = _contrast_row(task, half, reference, examples, naive=False)
+        rows["contrasts"]["peft_merge_and_unload"] = (
+            _contrast_row(task, cfg, reference, examples, naive=True) if untied else
+            {"skipped": "no adapted weight is shared (tied): merge_and_unload() is the same merge"})
+    rows["examples"] = {"n": len(examples.sequences), "source": examples.source,
+                        "tokens": [len(ids) for ids in examples.sequences],
+                        "max_tokens": settings["merge"]["max_tokens"]}
+    return rows
+
+
+def merge_and_verify(name: str, task: str, settings: dict, adapter_dir: str, data_path: str, output_dir: str,
+                     cache_dir: str | None = None) -> dict:
+    """Merge the adapter of ``adapter_dir`` into its base, save it as ``output_dir`` with ``verification.json``;
+    raise :class:`VerificationError` (after logging the table, leaving no ``output_dir``) when the merged model misses
+    a threshold. ``settings``: the rule's params (:func:`merge_params`); ``data_path``: the examples' source (SFT
+    data for a causal LM, soft labels for seq-cls)."""
+    import transformers
+
+    if task not in EXAMPLE_SECTION:
+        raise ValueError(f"merge task must be one of {', '.join(EXAMPLE_SECTION)}, got {task!r}")
+    merge = settings["merge"]
+    start = time.perf_counter()
+    transformers.set_seed(settings["seed"])   # a seq-cls base draws a fresh head before the adapter's replaces it
+    cfg = adapted_model_config(task, settings, adapter_dir, "float32", cache_dir)
+    output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_root = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.tmp-", dir=output_dir.parent))
+    tmp = tmp_root / output_dir.name   # created by save_pretrained with the usual permissions (mkdtemp's are 0700)
+    try:
+        merged = merge_adapter(cfg, task)
+        modules = save_merged(merged, tmp, merge["dtype"])
+        del merged.model
+        merge_seconds, merge_memory = time.perf_counter() - start, peak_memory_mb()
+        log.info("merge %s: %s (%s) merged into %s in %.1f s, untied %s; update %s; saved as %s", name, adapter_dir,
+                 task, cfg.spec, merge_seconds, merged.untied or "nothing", merged.update, merge["dtype"])
+        rows = verify(task, settings, cfg, tmp, data_path, merged.untied, cache_dir)
+        rows["merged"]["update"] = merged.update
+        thresholds = merge["thresholds"]
+        failures = threshold_failures(rows["merged"], thresholds)
+        failures += [f"modules_to_save {module} not kept" for module, kept in modules.items() if not kept]
+        verification = {
+            "name": name, "task": task, "adapter": str(adapter_dir), "base": cfg.spec, "dtype": merge["dtype"],
+            "reference": "PEFT(base fp32 + adapter)", "untied": merged.untied, "modules_to_save": modules,
+            "examples": rows["examples"], "thresholds": thresholds, "merged": rows["merged"],
+            "adapter_effect": rows["adapter_effect"],
+            "adapter_detectable": rows["adapter_effect"]["max_abs_logit_diff"] > thresholds["max_abs_logit_diff"],
+            "contrasts": rows["contrasts"], "passed": not failures, "failures": failures,
+            "seconds": {"merge": round(merge_seconds, 2), "total": round(time.perf_counter() - start, 2)},
+            "peak_memory_mb": {"merge": merge_memory, "total": peak_memory_mb()},
+            **provenance(settings)}
+        log.info("merge %s verification (%s):\n%s", name, "passed" if not failures else "FAILED",
+                 verification_table(verification))
+        if not verification["adapter_detectable"]:
+            log.warning("merge %s: the adapter moves no logit by more than the max_abs_logit_diff threshold (an "
+                        "untrained adapter?): the check cannot tell a right merge from a wrong one", name)
+        if failures:
+            raise VerificationError(f"merged model {output_dir} does not match PEFT(base + adapter): "
+                                    f"{'; '.join(failures)}")
+        write_json(tmp / "verification.json", verification)
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        os.replace(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    return verification

@@ -1,0 +1,39 @@
+# Merged checkpoints: each trained adapter merged (fp32, an untied lm_head where the base ties it) into its base as
+# results/merged/<name>/ (config, tokenizer, safetensors, verification.json against PEFT(base fp32 + adapter)); the
+# job fails when the merged model does not match. One line per adapter: name -> (adapter folder, task).
+
+MERGED_ADAPTERS = {
+    "sft": ("results/sft/adapter", "causal-lm"),
+    "prm": ("results/prm/adapter", "seq-cls"),
+}
+
+
+def merge_inputs(wildcards):
+    """The adapter and the records its verification examples come from (the SFT data or the PRM's soft labels)."""
+    adapter, task = MERGED_ADAPTERS[wildcards.name]
+    if task == "causal-lm":
+        # the SFT stage's extra data is part of its validation split: an input file when set
+        return {"adapter": adapter, "data": "results/sft/sft_data.parquet",
+                "extra_data": config["sft"]["extra_data"] or []}
+    return {"adapter": adapter, "data": "results/labels/soft_labels.parquet"}
+
+
+rule merge:
+    input:
+        unpack(merge_inputs),
+    output:
+        directory("results/merged/{name}"),
+    wildcard_constraints:
+        name="|".join(MERGED_ADAPTERS),
+    params:
+        settings=lambda wc: merge_params(config, MERGED_ADAPTERS[wc.name][1]),
+        task=lambda wc: MERGED_ADAPTERS[wc.name][1],
+    log:
+        "results/logs/merge/{name}.log",
+    benchmark:
+        "results/benchmarks/merge/{name}.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/merge_adapter.py"
