@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
-import pandas as pd
-
 from clemprm.games import SPLITS, builtin_game_dir
 
 
@@ -42,6 +40,8 @@ def hash_split(game: str, experiment: str, game_id: int) -> str:
 
 def read_instance_list(path: str | Path) -> set[tuple[str, str, int, str]]:
     """A playpen-data `instances` table (columns game, experiment, task_id, split) as a set of keys."""
+    import pandas as pd
+
     path = Path(path)
     readers = {".parquet": pd.read_parquet, ".csv": pd.read_csv, ".jsonl": lambda p: pd.read_json(p, lines=True),
                ".json": pd.read_json}
