@@ -36,7 +36,7 @@ import pandas as pd
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
-from clemprm.checks.run_time import check_episodes, failures_by_game
+from clemprm.checks.run_time import check_episodes, check_instances, failures_by_game
 from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
 from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
 from clemprm.labels import sft_policy_settings
@@ -115,6 +115,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
+    split_warnings = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     if policy is None:
         if mode != "greedy_base" and not sft_adapter:
@@ -139,7 +140,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
     log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
-    warnings = check_episodes(f"eval {mode}", rows, on_failure)
+    warnings = split_warnings + check_episodes(f"eval {mode}", rows, on_failure)
     run = {**run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter), "warnings": warnings}
     records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
     log.info("eval %s -> %s", mode, output)

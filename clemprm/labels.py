@@ -11,7 +11,8 @@ Soft labels
     not reproduce the recorded prefix is a bug of that game (or of its set-up here): the shard fails, naming the
     game and the branch point. From there K forks are played to the end by the SFT policy, all continuations of all
     branch points of a chunk in lockstep through the one rollout engine. Each continuation is scored by the game's
-    own BENCH_SCORE; an aborted one counts ``labels.aborted_value`` x 100; one stopped after
+    own BENCH_SCORE (a game that draws random numbers during play draws them afresh in each continuation, from the
+    continuation's seed); an aborted one counts ``labels.aborted_value`` x 100; one stopped after
     ``labels.max_rollout_rounds`` turns past the branch point is scored with the game's partial score at the
     cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
     its own final score.
@@ -39,9 +40,9 @@ from pathlib import Path
 
 from clemprm import records
 from clemprm.catalog import GameCatalog, Instance
-from clemprm.checks.run_time import check_episodes, check_not_empty, fail_or_warn
+from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn
 from clemprm.config import provenance
-from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed
+from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
+    check_instances("branch_points", catalog, "train", on_failure)
     policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
@@ -122,21 +124,33 @@ _NO_PARTIAL_SCORE_LOGGED: set[str] = set()
 
 def partial_score(episode: Episode) -> float:
     """The BENCH_SCORE (0-100) of an unfinished episode at the cutoff. A game master's ``partial_bench_score()``
-    when it has one (an exception there is the continuation's error); otherwise the game's own scorer on the
-    interactions so far, on a copy of the episode closed as lost (the game's end-of-game hook logs its keys, then
-    Aborted 0, Lose 1, Success 0); 0 where that yields no finite score (logged once per game)."""
-    game_master = episode.env.game_master
-    partial = getattr(game_master, "partial_bench_score", None)
+    when it has one (an exception there is the continuation's error); otherwise :func:`closed_as_lost_score`, and
+    0 where that yields no finite score (logged once per game)."""
+    partial = getattr(episode.env.game_master, "partial_bench_score", None)
     if partial is not None:
         try:
             return float(partial())
         except Exception as error:
             raise ContinuationError(f"partial_bench_score raised {type(error).__name__}: {error}") from error
+    score, reason = closed_as_lost_score(episode)
+    if reason is None:
+        return score
+    if episode.instance.game not in _NO_PARTIAL_SCORE_LOGGED:
+        _NO_PARTIAL_SCORE_LOGGED.add(episode.instance.game)
+        log.info("%s: no partial score from its scorer on an episode closed as lost (%s): capped continuations "
+                 "score 0", episode.instance.game, reason)
+    return 0.0
+
+
+def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
+    """``(Main Score, None)`` of the game's own scorer on a copy of the unfinished ``episode`` closed as lost: the
+    game's end-of-game hook logs its keys (as when it ends), then Aborted 0, Lose 1, Success 0 are logged over
+    whatever it logged. ``(nan, why)`` when that yields no finite score (the game was not written to be closed
+    early: its hook or scorer raised, or its Main Score is NaN)."""
     from clemcore.clemgame.legacy.master import DialogueGameMaster as LegacyDialogueGameMaster
     from clemcore.clemgame.metrics import METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
 
     closed = episode.fork()
-    game = episode.instance.game
     try:
         closing = closed.env.game_master
         with closed.own_generators():
@@ -145,17 +159,9 @@ def partial_score(episode: Episode) -> float:
         for key, value in ((METRIC_ABORTED, 0), (METRIC_LOSE, 1), (METRIC_SUCCESS, 0)):
             closed.recorder.log_key(key, value)
         score = float(closed.scores().get("Main Score", math.nan))
-    except Exception as error:  # the game was not written to be closed early: no partial score
-        score, reason = math.nan, f"{type(error).__name__}: {error}"
-    else:
-        reason = "its Main Score is not a finite number"
-    if math.isfinite(score):
-        return score
-    if game not in _NO_PARTIAL_SCORE_LOGGED:
-        _NO_PARTIAL_SCORE_LOGGED.add(game)
-        log.info("%s: no partial score from its scorer on an episode closed as lost (%s): capped continuations "
-                 "score 0", game, reason)
-    return 0.0
+    except Exception as error:
+        return math.nan, f"{type(error).__name__}: {error}"
+    return (score, None) if math.isfinite(score) else (math.nan, f"its Main Score is {score}")
 
 
 def continuation_score(episode: Episode, capped: bool, aborted_value: float) -> tuple[float, bool, bool]:
@@ -286,6 +292,8 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
             continue
         for j in range(k):
             fork = root.fork(f"{bp['bp_id']}/k{j}", seed=derive_seed(bp["seed"], "continuation", j))
+            # each continuation meets its own game randomness (a game that draws during play), seeded like its answers
+            fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
             continuations.append((index, fork, len(root.turns)))
     engine.run([fork for _, fork, _ in continuations], label="soft label continuations", max_turns=cap)
 

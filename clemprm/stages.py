@@ -11,7 +11,7 @@ import logging
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
-from clemprm.checks.run_time import check_episodes
+from clemprm.checks.run_time import check_episodes, check_instances
 from clemprm.config import provenance
 from clemprm.engine import RolloutEngine, Sampling
 
@@ -43,9 +43,11 @@ def summarize(rows: list[dict]) -> str:
 def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, policy=None,
                   on_failure: str = "stop") -> list[dict]:
     """The base policy plays the train split of every configured game (``episodes_per_instance`` times each).
-    Fails (:mod:`clemprm.checks.run_time`) when every episode of a game failed, unless ``on_failure`` is continue."""
+    Fails (:mod:`clemprm.checks.run_time`) when a game has no train instance or every episode of a game failed,
+    unless ``on_failure`` is continue."""
     rollout = settings["base_rollouts"]
     catalog = GameCatalog(settings["games"])
+    check_instances("base_rollouts", catalog, "train", on_failure)
     instances = catalog.all_instances("train")
     policy = policy or load_policy(settings["model"], cache_dir)
     sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])

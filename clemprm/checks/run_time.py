@@ -2,7 +2,8 @@
 
 A stage fails (:class:`StageFailure`, one message naming the game, the count and the first error) when
 
-* every episode of a game failed (base rollouts, branch points, every eval mode);
+* a configured game has no instance in the split the stage plays, or every episode of a game failed (base
+  rollouts, branch points, every eval mode);
 * there are no wins to fine-tune on (``sft_adapter``), no branch points (``branch_points``), or no soft label
   with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same).
 
@@ -72,6 +73,18 @@ def check_episodes(stage: str, rows: list[dict], on_failure: str) -> list[str]:
             warnings.append(fail_or_warn(stage, f"every episode of game {entry.describe()}", on_failure))
         else:
             log.warning("%s: %s", stage, entry.describe())
+    return warnings
+
+
+def check_instances(stage: str, catalog, split: str, on_failure: str) -> list[str]:
+    """Fail the stage when a configured game has no instance in ``split`` (a clembench game's instances are split
+    by a hash of their key, or by the instance list: a small game can end up with none in a split)."""
+    warnings = []
+    for game in catalog.games:
+        if not catalog.instances(game, split):
+            source = "the instance list names none" if catalog.instance_list is not None else "the hash split gave none"
+            warnings.append(fail_or_warn(stage, f"game {game} has no {split} instances ({source}; choose them with "
+                                                f"games.instance_list)", on_failure))
     return warnings
 
 
