@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import tempfile
 import time
 import traceback
@@ -182,6 +183,7 @@ def main(argv=None) -> None:
     from clemprm.stages import load_policy
 
     workdir = Path(tempfile.mkdtemp(prefix="clembench_suite."))
+    os.chdir(workdir)  # matchit_ascii appends its players' first words to ./first_words.txt
     log_file = args.log or str(workdir / "suite.log")
     logging.basicConfig(level=logging.INFO, filename=log_file, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()

@@ -23,7 +23,7 @@ import yaml
 from clemprm import evaluation, labels, records, sft, stages
 from clemprm.catalog import GameCatalog
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-from clemprm.checks.run_time import StageFailure
+from clemprm.checks.run_time import StageFailure, check_instances
 from clemprm.config import eval_mode_params, load_config, sections
 from clemprm.engine import RolloutEngine, Sampling
 from tests.conftest import tiny_config
@@ -427,6 +427,17 @@ def test_every_episode_of_a_game_failing_stops_base_rollouts(checkout, scripted_
     assert not output.exists()
     rows = stages.base_rollouts(settings, output, policy=scripted_policy(answer("WIN")), on_failure="continue")
     assert output.exists() and {row["game"] for row in rows if row["error"] is not None} == {"broken_setup"}
+
+
+def test_a_game_without_instances_in_a_split_stops_the_stage(checkout, tmp_path):
+    listing = tmp_path / "instances.jsonl"
+    listing.write_text(json.dumps({"game": "pair", "experiment": "plain", "task_id": 0, "split": "train"}) + "\n")
+    catalog = GameCatalog(games_config(checkout, ["pair"], instance_list=str(listing)))
+    assert check_instances("base_rollouts", catalog, "train", "stop") == []
+    with pytest.raises(StageFailure, match=r"eval greedy_base: game pair has no validation instances \(the instance "
+                                           r"list names none; choose them with games.instance_list\)"):
+        check_instances("eval greedy_base", catalog, "validation", "stop")
+    assert "game pair has no test instances" in check_instances("eval greedy_base", catalog, "test", "continue")[0]
 
 
 def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
