@@ -4,6 +4,7 @@ import os
 
 from snakemake.utils import min_version
 
+from clemprm.checks.parse_time import check_config_inputs
 from clemprm.config import eval_mode_params, sections, validate_config
 from clemprm.merge import merge_params
 
@@ -14,6 +15,8 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 validate_config(config)  # fails at parse time with the dotted name of a bad key
+if workflow.is_main_process:  # not again in every job
+    check_config_inputs(config)  # the model spec, the clembench checkout, its games, their packages and NLTK data
 
 
 report: "report/workflow.rst"

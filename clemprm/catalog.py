@@ -1,8 +1,11 @@
 """The games a run plays: built-in games and games of a local clembench checkout, with their instances per split.
 
 Instances are keyed by ``(game, experiment, game_id)`` (clembench reuses game ids across experiments).
-Built-in games ship one instances file per split. A clembench game has one ``in/instances.json``: without an
-instance list its instances are assigned to splits by a stable hash of the key (70/15/15).
+Built-in games ship one instances file per split. A clembench game is found in the checkout the way clemcore's
+game registry finds it (a ``clemgame.json`` holding one spec or a list of specs, up to
+:data:`MAX_SPEC_DEPTH` folders deep, skipping the folders clemcore skips); its instances file is the one its spec
+names (``"instances": "instances_withclue"``, default ``instances``), or the one ``games.instances_files`` chooses
+for it. Without an instance list its instances are assigned to splits by a stable hash of the key (70/15/15).
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import json
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
-
-import pandas as pd
 
 from clemprm.games import SPLITS, builtin_game_dir
 
@@ -39,6 +40,8 @@ def hash_split(game: str, experiment: str, game_id: int) -> str:
 
 def read_instance_list(path: str | Path) -> set[tuple[str, str, int, str]]:
     """A playpen-data `instances` table (columns game, experiment, task_id, split) as a set of keys."""
+    import pandas as pd
+
     path = Path(path)
     readers = {".parquet": pd.read_parquet, ".csv": pd.read_csv, ".jsonl": lambda p: pd.read_json(p, lines=True),
                ".json": pd.read_json}
@@ -54,14 +57,60 @@ def read_instance_list(path: str | Path) -> set[tuple[str, str, int, str]]:
     return {(str(r.game), str(r.experiment), int(r.task_id), str(r.split)) for r in frame.itertuples()}
 
 
-def find_clembench_game(clembench_path: str | Path, game: str) -> Path:
-    """The folder of a clembench checkout whose clemgame.json declares ``game``."""
-    for spec_file in sorted(Path(clembench_path).glob("*/clemgame.json")):
-        specs = json.loads(spec_file.read_text())
-        names = [spec["game_name"] for spec in (specs if isinstance(specs, list) else [specs])]
-        if game in names:
-            return spec_file.parent
-    raise ValueError(f"games.clembench_games: no game {game!r} in clembench checkout {clembench_path}")
+MAX_SPEC_DEPTH = 3
+"""How deep below the checkout a ``clemgame.json`` may sit (clemcore's ``GameRegistry`` looks 3 folders deep)."""
+SKIPPED_FOLDERS = frozenset({"venv", "__pycache__", "docs", "in", "resources", "utils", "evaluation", "files"})
+"""Folders clemcore's registry never looks into for game specs (nor into hidden ones)."""
+
+
+def clembench_specs(clembench_path: str | Path) -> dict[str, tuple[Path, dict]]:
+    """Every game spec of a clembench checkout: ``{game_name: (game folder, spec dict)}``, found as clemcore's
+    registry finds them: depth first in sorted order, a folder with a ``clemgame.json`` is a game folder (its file
+    holds one spec or a list of specs) and is not searched further; the first spec of a name wins."""
+    root = Path(clembench_path)
+    if not root.is_dir():
+        raise ValueError(f"games.clembench_path: {clembench_path} is not a directory (a clembench checkout)")
+    found: dict[str, tuple[Path, dict]] = {}
+
+    def visit(folder: Path, depth: int) -> None:
+        if depth > MAX_SPEC_DEPTH:
+            return
+        spec_file = folder / "clemgame.json"
+        if spec_file.is_file():
+            try:
+                specs = json.loads(spec_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{spec_file}: not valid JSON ({error})") from error
+            for spec in specs if isinstance(specs, list) else [specs]:
+                found.setdefault(spec["game_name"], (folder, spec))
+            return
+        for child in sorted(folder.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and child.name not in SKIPPED_FOLDERS:
+                visit(child, depth + 1)
+
+    visit(root, 0)
+    return found
+
+
+def find_clembench_game(specs: dict[str, tuple[Path, dict]], game: str, clembench_path) -> tuple[Path, dict]:
+    """The folder and spec of ``game`` among a checkout's :func:`clembench_specs`."""
+    if game not in specs:
+        raise ValueError(f"games.clembench_games: no game {game!r} in clembench checkout {clembench_path} "
+                         f"(found: {', '.join(sorted(specs)) or 'none'})")
+    return specs[game]
+
+
+def instances_file(game_dir: Path, spec: dict, chosen: str | None = None) -> Path:
+    """The instances file of a clembench game: ``in/<chosen>.json`` (``games.instances_files``), else the one its
+    spec names (``instances``, default ``instances``), as clemcore's ``GameInstances.from_game_spec`` reads it."""
+    name = chosen or spec.get("instances") or "instances"
+    path = game_dir / "in" / (name if name.endswith(".json") else f"{name}.json")
+    if not path.is_file():
+        available = sorted(p.stem for p in (game_dir / "in").glob("*.json"))
+        source = "games.instances_files" if chosen else "its clemgame.json"
+        raise ValueError(f"game {spec['game_name']!r}: instances file {path} ({source}) does not exist "
+                         f"(available in {game_dir / 'in'}: {', '.join(available) or 'none'})")
+    return path
 
 
 def _round_robin(rows_by_experiment: dict[str, list]) -> list:
@@ -76,10 +125,19 @@ class GameCatalog:
         from clemprm.clemcore_setup import load_game_benchmark  # clemcore import is slow: only when used
         self.config = games_config
         self.game_dirs: dict[str, Path] = {name: builtin_game_dir(name) for name in games_config["builtin"]}
-        for name in games_config.get("clembench_games", []):
-            if not games_config.get("clembench_path"):
-                raise ValueError("games.clembench_games is set but games.clembench_path is null")
-            self.game_dirs[name] = find_clembench_game(games_config["clembench_path"], name)
+        self.instance_files: dict[str, Path] = {}  # clembench games: the one instances file played
+        clembench_games = games_config.get("clembench_games", [])
+        if clembench_games and not games_config.get("clembench_path"):
+            raise ValueError("games.clembench_games is set but games.clembench_path is null")
+        chosen = games_config.get("instances_files") or {}
+        unknown = sorted(set(chosen) - set(clembench_games))
+        if unknown:
+            raise ValueError(f"games.instances_files names {', '.join(unknown)}, not in games.clembench_games")
+        specs = clembench_specs(games_config["clembench_path"]) if clembench_games else {}
+        for name in clembench_games:
+            game_dir, spec = find_clembench_game(specs, name, games_config["clembench_path"])
+            self.game_dirs[name] = game_dir
+            self.instance_files[name] = instances_file(game_dir, spec, chosen.get(name))
         self.benchmarks = {name: load_game_benchmark(path, name) for name, path in self.game_dirs.items()}
         self.instance_list = (read_instance_list(games_config["instance_list"])
                               if games_config.get("instance_list") else None)
@@ -93,12 +151,11 @@ class GameCatalog:
 
     def _raw_rows(self, game: str, split: str) -> list[tuple[dict, dict]]:
         """(experiment, instance) pairs of ``split`` as the game's files hold them."""
-        game_dir = self.game_dirs[game]
-        split_file = game_dir / "in" / f"instances_{split}.json"
-        if split_file.exists():
+        if game not in self.instance_files:  # a built-in game: one file per split
+            split_file = self.game_dirs[game] / "in" / f"instances_{split}.json"
             experiments = json.loads(split_file.read_text())["experiments"]
             return [(exp, inst) for exp in experiments for inst in exp["game_instances"]]
-        experiments = json.loads((game_dir / "in" / "instances.json").read_text())["experiments"]
+        experiments = json.loads(self.instance_files[game].read_text(encoding="utf-8"))["experiments"]
         rows = [(exp, inst) for exp in experiments for inst in exp["game_instances"]]
         if self.instance_list is not None:  # the list assigns the splits
             return rows

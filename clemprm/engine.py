@@ -8,7 +8,10 @@ Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path in DESI
 * forkable: :meth:`Episode.fork` deep-copies a game at any turn; models return themselves from
   ``__deepcopy__``, so the language model is shared, never copied;
 * isolated: an exception in one episode (game code, scorer, a too-long prompt) is recorded on that episode,
-  which ends there; the others go on.
+  which ends there; the others go on;
+* reproducible: a game that draws from Python's ``random`` or NumPy's global generator draws from its episode's
+  own generators (seeded from the episode id, carried along by forks), never from state other episodes moved:
+  replaying an episode's answers rebuilds the same game, whatever else is played beside it.
 
 A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
 max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.PolicyModel`, or a scripted policy in tests).
@@ -21,12 +24,16 @@ import hashlib
 import json
 import logging
 import math
+import random
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
+
 from clemprm.catalog import GameCatalog, Instance
-from clemprm.clemcore_setup import import_clemcore, merge_roles
+from clemprm.clemcore_setup import import_clemcore, merge_roles, record_validation, take_validation_verdict
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +76,47 @@ def shared_by_copies(env, benchmark) -> dict:
     return {id(obj): obj for obj in static if obj is not None}
 
 
+def game_seed(base_seed: int, episode_id: str) -> int:
+    """The seed of an episode's game-side random generators: the same in every stage that plays the episode id,
+    so a replay of its answers (soft labels) meets the same draws as the original play (branch points)."""
+    return derive_seed(base_seed, "game", episode_id)
+
+
+def seeded_generator_states(seed: int) -> tuple:
+    """Fresh states of Python's ``random`` and NumPy's global generator, seeded with ``seed``."""
+    return random.Random(seed).getstate(), np.random.RandomState(seed % 2 ** 32).get_state()
+
+
+class RecordingFromCreation:
+    """A game benchmark as a ``GameMasterEnv`` sees it during one reset: the game master it creates has the
+    episode's interactions recorder registered at once, before its set-up, so keys a game logs while setting up
+    are recorded (adventuregame logs ``adventure_info`` in ``_on_setup`` and its scorer reads it; clemcore 3.7's
+    own runners attach their recorders after set-up and lose it). Everything else is the benchmark's."""
+
+    def __init__(self, benchmark, recorder):
+        self._benchmark, self._recorder = benchmark, recorder
+
+    def __getattr__(self, name):
+        return getattr(self._benchmark, name)
+
+    def create_game_master(self, experiment: dict, player_models: list):
+        game_master = self._benchmark.create_game_master(experiment, player_models)
+        game_master.register(self._recorder)
+        return game_master
+
+
 class Episode:
     """One game being played: the clemcore env, its interactions recorder, and the turn records."""
 
-    def __init__(self, episode_id: str, instance: Instance, seed: int, env, recorder, benchmark):
+    def __init__(self, episode_id: str, instance: Instance, seed: int, env, recorder, benchmark,
+                 generator_states: tuple | None = None):
         self.episode_id = episode_id
         self.instance = instance
         self.seed = seed
         self.env = env
         self.recorder = recorder
         self.benchmark = benchmark
+        self.generator_states = generator_states or seeded_generator_states(seed)
         self.turns: list[dict] = []
         self.error: str | None = None
         # (agent id, messages) once the waiting player has perceived its context (clemcore's perceive_context
@@ -88,6 +126,19 @@ class Episode:
     @property
     def done(self) -> bool:
         return self.error is not None or not self.env.agents
+
+    @contextmanager
+    def own_generators(self):
+        """Run game code with this episode's ``random`` / ``numpy.random`` states; the process's are restored."""
+        outside = random.getstate(), np.random.get_state()
+        random.setstate(self.generator_states[0])
+        np.random.set_state(self.generator_states[1])
+        try:
+            yield
+        finally:
+            self.generator_states = random.getstate(), np.random.get_state()
+            random.setstate(outside[0])
+            np.random.set_state(outside[1])
 
     def fail(self, error: BaseException | str) -> None:
         if isinstance(error, BaseException):
@@ -100,15 +151,26 @@ class Episode:
         env, recorder, turns = copy.deepcopy((self.env, self.recorder, self.turns),
                                              shared_by_copies(self.env, self.benchmark))
         clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
-                        env, recorder, self.benchmark)
+                        env, recorder, self.benchmark, self.generator_states)
         clone.turns, clone.error, clone.pending = turns, self.error, self.pending
         return clone
 
-    def drain_finished_agents(self) -> None:
-        """Step terminated agents out (PettingZoo's final None step) until a live agent moves or none is left."""
+    def advance_to_model_turn(self) -> None:
+        """Step terminated agents out (PettingZoo's final None step) and let programmatic players (clemcore's
+        ``CustomResponseModel``, e.g. privateshared's questioner) answer themselves, as clemcore's ``Player``
+        call does, until a model-backed player is to move or no agent is left. Programmatic answers are not
+        turns of the episode (not policy answers): a replay of the policy's answers replays them too."""
+        from clemcore.backends import CustomResponseModel
+
         env = self.env
-        while env.agents and (env.terminations[env.agent_selection] or env.truncations[env.agent_selection]):
-            env.step(None)
+        while env.agents:
+            agent = env.agent_selection
+            if env.terminations[agent] or env.truncations[agent]:
+                env.step(None)
+            elif isinstance((player := env.player_by_agent_id[agent]).model, CustomResponseModel):
+                env.step(player(env.observe(agent)))
+            else:
+                return
 
     def scores(self) -> dict:
         """The game's own scorer on the recorded interactions ("episode scores")."""
@@ -171,34 +233,37 @@ class RolloutEngine:
         self._recorder_cls = _recorder_class()
         self._blank_envs: dict[str, object] = {}  # game -> a GameMasterEnv never reset, copied for each episode
 
-    def start(self, instance: Instance, models: list, episode_id: str, seed: int) -> Episode:
-        """Set up a game (clemcore's reset); ``models`` gives one model per player, or one for all players."""
+    def start(self, instance: Instance, models: list, episode_id: str, seed: int,
+              game_seed: int | None = None) -> Episode:
+        """Set up a game (clemcore's reset); ``models`` gives one model per player, or one for all players.
+        ``seed`` seeds the answers sampled for it, ``game_seed`` (default: ``seed``) the game's own random draws."""
         from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList
 
-        recorder_cls, recorders = self._recorder_cls, []
+        recorder = self._recorder_cls(instance.game, instance.experiment["name"], instance.instance["game_id"], "", {})
 
-        class AttachRecorder(GameBenchmarkCallback):
+        class LogPlayers(GameBenchmarkCallback):
             def on_game_start(self, game_master, game_instance):
-                recorder = recorder_cls(game_master.game_spec.game_name, game_master.experiment["name"],
-                                        game_instance["game_id"], "", {})
                 for player in game_master.get_players():
                     recorder.log_player(player.name, player.game_role, player.model.name)
-                game_master.register(recorder)
-                recorders.append(recorder)
 
         benchmark = self.catalog.benchmarks[instance.game]
         env = self._new_env(benchmark)
-        env.callbacks = GameBenchmarkCallbackList([AttachRecorder()])
-        episode = Episode(episode_id, instance, seed, env, None, benchmark)
+        env.callbacks = GameBenchmarkCallbackList([LogPlayers()])
+        episode = Episode(episode_id, instance, seed, env, recorder, benchmark,
+                          seeded_generator_states(seed if game_seed is None else game_seed))
+        env.game_benchmark = RecordingFromCreation(benchmark, recorder)
         try:
-            env.reset(options={"player_models": list(models), "experiment": copy.deepcopy(instance.experiment),
-                               "game_instance": copy.deepcopy(instance.instance)})
-            env.callbacks = GameBenchmarkCallbackList()  # the recorder is attached; forks need no callback
-            episode.recorder = recorders[0]
-            episode.drain_finished_agents()
+            with episode.own_generators():
+                env.reset(options={"player_models": list(models), "experiment": copy.deepcopy(instance.experiment),
+                                   "game_instance": copy.deepcopy(instance.instance)})
+                env.callbacks = GameBenchmarkCallbackList()  # the players are logged; forks need no callback
+                record_validation(env.game_master)
+                episode.advance_to_model_turn()
         except Exception as error:
             episode.env.agents = []
             episode.fail(error)
+        finally:
+            env.game_benchmark = benchmark
         return episode
 
     def _new_env(self, benchmark):
@@ -220,7 +285,8 @@ class RolloutEngine:
             if episode.pending is None:
                 agent = episode.env.agent_selection
                 player = episode.env.player_by_agent_id[agent]
-                episode.pending = agent, merge_roles(player.perceive_context(episode.env.observe(agent)))
+                with episode.own_generators():
+                    episode.pending = agent, merge_roles(player.perceive_context(episode.env.observe(agent)))
             agent, messages = episode.pending
             return episode.env.player_by_agent_id[agent], messages
         except Exception as error:
@@ -281,16 +347,20 @@ class RolloutEngine:
         """Give the answer to the player's memory and the game; record the turn."""
         episode.pending = None
         try:
-            player.perceive_response(generation.text, metadata={
-                "prompt": messages, "response_object": {"raw_text": generation.raw_text}})
-            violations_before = episode.recorder.violations
-            episode.env.step(generation.text)
-            episode.turns.append({
-                "turn_idx": len(episode.turns), "player": player.name, "game_role": player.game_role,
-                "messages": messages, "response": generation.text,
-                "parse_ok": episode.recorder.violations == violations_before,
-                "prompt_tokens": generation.prompt_tokens, "new_tokens": generation.new_tokens})
-            episode.drain_finished_agents()
+            with episode.own_generators():
+                player.perceive_response(generation.text, metadata={
+                    "prompt": messages, "response_object": {"raw_text": generation.raw_text}})
+                violations_before = episode.recorder.violations
+                take_validation_verdict(episode.env.game_master)
+                episode.env.step(generation.text)
+                # a legacy game's own verdict on the answer, else whether the game counted a violated request
+                verdict = take_validation_verdict(episode.env.game_master)
+                episode.turns.append({
+                    "turn_idx": len(episode.turns), "player": player.name, "game_role": player.game_role,
+                    "messages": messages, "response": generation.text,
+                    "parse_ok": episode.recorder.violations == violations_before if verdict is None else verdict,
+                    "prompt_tokens": generation.prompt_tokens, "new_tokens": generation.new_tokens})
+                episode.advance_to_model_turn()
         except Exception as error:
             episode.fail(error)
 
@@ -331,7 +401,8 @@ class RolloutEngine:
             game, experiment, game_id = instance.key
             for repeat in range(repeats):
                 episode_id = f"{game}/{experiment}/{game_id}/{repeat}"
-                episodes.append(self.start(instance, models, episode_id, derive_seed(base_seed, stage, episode_id)))
+                episodes.append(self.start(instance, models, episode_id, derive_seed(base_seed, stage, episode_id),
+                                           game_seed(base_seed, episode_id)))
         return episodes
 
     def play(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,

@@ -38,6 +38,7 @@ import pandas as pd
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
+from clemprm.checks.run_time import check_episodes, check_instances, failures_by_game
 from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
 from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
 from clemprm.labels import sft_policy_settings
@@ -104,19 +105,21 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
                   prm_adapter: str | None = None, *, merged_model: str | None = None, policy=None,
-                  prm=None) -> list[dict]:
+                  prm=None, on_failure: str = "stop") -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
     always picks with a :class:`~clemprm.search.RandomScorer`). The parquet's provenance also holds the run:
-    policy, PRM adapter, wall seconds of play, model counters.
+    policy, PRM adapter, wall seconds of play, model counters, and the warnings of ``on_failure: continue`` (a mode
+    in which every episode of a game failed otherwise fails, :mod:`clemprm.checks.run_time`).
     ``merged_model``: the merged SFT folder (:mod:`clemprm.merge`) that ``greedy_merged`` plays.
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
+    split_warnings = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     if policy is None and mode == "greedy_merged":
         if not merged_model:
@@ -144,10 +147,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     seconds = time.perf_counter() - start
     rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
-    run = run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter)
+    log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
+    warnings = split_warnings + check_episodes(f"eval {mode}", rows, on_failure)
+    run = {**run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter), "warnings": warnings}
     records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
-    log.info("eval %s: %d episodes in %.0f s -> %s\n%s", mode, len(rows), seconds, output,
-             summarize(rows) if rows else "(no episode)")
+    log.info("eval %s -> %s", mode, output)
     return rows
 
 
@@ -229,14 +233,21 @@ def split_by_game(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return {game: part for game, part in table.groupby(level="game", sort=True)}
 
 
-def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float) -> dict:
-    """Metrics of one mode per game and overall, with bootstrap CIs and episode/instance counts."""
+def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float, rows: list[dict] | None = None) -> dict:
+    """Metrics of one mode per game and overall, with bootstrap CIs and episode/instance counts; with the mode's
+    episode ``rows``, also the failed episodes (an exception in game code or scorer) and the first error per game."""
     tables = split_by_game(table)
     points = metric_arrays(tables, {game: np.ones((1, len(part))) for game, part in tables.items()})
     result = estimates(points, metric_arrays(tables, bootstrap_weights(tables, samples, seed)), ci)
     for game, part in tables.items():
         result[game].update(episodes=int(part["episodes"].sum()), instances=len(part))
     result[OVERALL].update(episodes=int(table["episodes"].sum()), instances=len(table))
+    if rows is not None:
+        failures = failures_by_game(rows)
+        for game, entry in failures.items():
+            result[game].update(errors=entry.failed, first_error=entry.first_error)
+        result[OVERALL].update(errors=sum(entry.failed for entry in failures.values()), first_error=next(
+            (entry.first_error for entry in failures.values() if entry.first_error), None))
     return result
 
 
@@ -284,8 +295,10 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
         "bootstrap": {"samples": samples, "ci": ci, "seed": seed, "unit": "instance (game, experiment, game_id)",
                       "resampling": "within each game", "interval": "percentile"},
         "modes": {mode: {"policy": run.get("policy"), "prm": run.get("prm"), "cost": mode_cost(rows, run),
-                         "results": mode_estimates(tables[mode], samples, seed, ci) if mode in tables else {}}
+                         "results": mode_estimates(tables[mode], samples, seed, ci, rows) if mode in tables else {}}
                   for mode, (rows, run) in runs.items()},
+        # on_failure: continue let these modes go on although every episode of a game failed
+        "warnings": [warning for _, run in runs.values() for warning in run.get("warnings", [])],
         "differences": {baseline: {mode: difference(tables[mode], tables[baseline], samples, seed, ci)
                                    for mode in tables if mode != baseline}
                         for baseline in BASELINES if baseline in tables},
@@ -294,6 +307,8 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
     jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
     write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))
+    for warning in summary["warnings"]:
+        log.warning("THIS SUMMARY INCLUDES A FAILED STAGE (on_failure: continue): %s", warning)
     return summary
 
 
@@ -310,6 +325,7 @@ def summary_lines(summary: dict) -> str:
         if overall:
             lines.append(f"{mode}: {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
                          f"quality {show(overall['quality'])}, clemscore {show(overall['clemscore'])}, "
-                         f"success {show(overall['success_rate'])}; cost {entry['cost']}")
+                         f"success {show(overall['success_rate'])}, failed episodes {overall.get('errors', 0)}; "
+                         f"cost {entry['cost']}")
     return "\n".join(lines)
 

@@ -6,14 +6,20 @@ Branch points
     A trajectory with more turns than ``branch_points.max_per_episode`` is subsampled evenly along it.
 
 Soft labels
-    A branch point's game state is rebuilt by replaying its ``history`` (games are deterministic given the
-    instance and the answers; a replay that does not reproduce the recorded prefix is skipped and logged).
-    From there K forks are played to the end by the SFT policy, all continuations of all branch points of a
-    chunk in lockstep through the one rollout engine. Each continuation is scored by the game's own
-    BENCH_SCORE; an aborted one counts ``labels.aborted_value`` x 100; one stopped after
+    A branch point's game state is rebuilt by replaying its ``history``: games are deterministic given the
+    instance, the answers and the episode's own random generators (:mod:`clemprm.engine`), so a replay that does
+    not reproduce the recorded prefix is a bug of that game (or of its set-up here): the shard fails, naming the
+    game and the branch point. From there K forks are played to the end by the SFT policy, all continuations of all
+    branch points of a chunk in lockstep through the one rollout engine. Each continuation is scored by the game's
+    own BENCH_SCORE (a game that draws random numbers during play draws them afresh in each continuation, from the
+    continuation's seed); an aborted one counts ``labels.aborted_value`` x 100; one stopped after
     ``labels.max_rollout_rounds`` turns past the branch point is scored with the game's partial score at the
-    cutoff (the game master's ``partial_bench_score()`` when it has one, else 0: the game counts as lost).
-    label = mean(scores) / 100. A candidate that ended the game is labelled with its own final score.
+    cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
+    its own final score.
+
+    A continuation whose game raises (its code, its scorer, its ``partial_bench_score``) is an error: it is left
+    out of the label (``n_errors`` counts it, ``rollout_scores`` holds only the scored ones) and logged with its
+    game; a branch point left without any scored continuation gets no label. The shard goes on either way.
 
 Sharding and resumption
     Shard s of S takes branch points s, s+S, s+2S, ... Every random choice derives from the branch point's own
@@ -34,8 +40,9 @@ from pathlib import Path
 
 from clemprm import records
 from clemprm.catalog import GameCatalog, Instance
+from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn
 from clemprm.config import provenance
-from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
+from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +86,14 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
 
 
 def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str, output: str,
-                  cache_dir: str | None = None, policy=None) -> list[dict]:
-    """The SFT policy plays the train split; write its episodes and their branch points."""
+                  cache_dir: str | None = None, policy=None, on_failure: str = "stop") -> list[dict]:
+    """The SFT policy plays the train split; write its episodes and their branch points. Fails when every
+    episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue."""
     from clemprm.stages import load_policy, summarize
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
+    check_instances("branch_points", catalog, "train", on_failure)
     policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
@@ -92,6 +101,10 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
                            base_seed=settings["seed"], stage="branch_points", policy_name=policy.name)
     rows = [row for episode in episodes
             for row in branch_points_of(episode, bp_settings["max_per_episode"], settings["seed"])]
+    check_episodes("branch_points", episodes, on_failure)
+    check_not_empty("branch_points", "branch points", len(rows),
+                    f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} failed",
+                    on_failure)
     records.write_records(episodes_output, episodes, records.EPISODES, provenance(settings))
     records.write_records(output, rows, records.BRANCH_POINTS, provenance(settings))
     log.info("branch points: %d from %d SFT-policy episodes -> %s\n%s", len(rows), len(episodes), output,
@@ -102,30 +115,112 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
 # ------------------------------------------------------------------------------------------ soft labels
 
 
+class ContinuationError(Exception):
+    """A continuation the game could not play or score to the end (its code, scorer or partial score raised)."""
+
+
+_NO_PARTIAL_SCORE_LOGGED: set[str] = set()
+
+
+def partial_score(episode: Episode) -> float:
+    """The BENCH_SCORE (0-100) of an unfinished episode at the cutoff. A game master's ``partial_bench_score()``
+    when it has one (an exception there is the continuation's error); otherwise :func:`closed_as_lost_score`, and
+    0 where that yields no finite score (logged once per game)."""
+    partial = getattr(episode.env.game_master, "partial_bench_score", None)
+    if partial is not None:
+        try:
+            return float(partial())
+        except Exception as error:
+            raise ContinuationError(f"partial_bench_score raised {type(error).__name__}: {error}") from error
+    score, reason = closed_as_lost_score(episode)
+    if reason is None:
+        return score
+    if episode.instance.game not in _NO_PARTIAL_SCORE_LOGGED:
+        _NO_PARTIAL_SCORE_LOGGED.add(episode.instance.game)
+        log.info("%s: no partial score from its scorer on an episode closed as lost (%s): capped continuations "
+                 "score 0", episode.instance.game, reason)
+    return 0.0
+
+
+def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
+    """``(Main Score, None)`` of the game's own scorer on a copy of the unfinished ``episode`` closed as lost: the
+    game's end-of-game hook logs its keys (as when it ends), then Aborted 0, Lose 1, Success 0 are logged over
+    whatever it logged. ``(nan, why)`` when that yields no finite score (the game was not written to be closed
+    early: its hook or scorer raised, or its Main Score is NaN)."""
+    from clemcore.clemgame.legacy.master import DialogueGameMaster as LegacyDialogueGameMaster
+    from clemcore.clemgame.metrics import METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
+
+    closed = episode.fork()
+    try:
+        closing = closed.env.game_master
+        with closed.own_generators():
+            closing._on_after_game()
+            closing.log_game_end(auto_count_logging=not isinstance(closing, LegacyDialogueGameMaster))
+        for key, value in ((METRIC_ABORTED, 0), (METRIC_LOSE, 1), (METRIC_SUCCESS, 0)):
+            closed.recorder.log_key(key, value)
+        score = float(closed.scores().get("Main Score", math.nan))
+    except Exception as error:
+        return math.nan, f"{type(error).__name__}: {error}"
+    return (score, None) if math.isfinite(score) else (math.nan, f"its Main Score is {score}")
+
+
 def continuation_score(episode: Episode, capped: bool, aborted_value: float) -> tuple[float, bool, bool]:
-    """``(score 0-100, aborted, success)`` of a finished or capped continuation."""
+    """``(score 0-100, aborted, success)`` of a finished or capped continuation; :class:`ContinuationError` when
+    the game failed on it (its code or scorer raised)."""
+    if episode.error is not None:
+        raise ContinuationError(episode.error)
     if capped:
-        partial = getattr(episode.env.game_master, "partial_bench_score", None)
-        return (float(partial()) if partial else 0.0), False, False
+        return partial_score(episode), False, False
     row = episode.record("", Sampling())
+    if row["error"] is not None:  # the scorer raised
+        raise ContinuationError(row["error"])
     if row["aborted"]:
         return 100.0 * aborted_value, True, False
     return row["bench_score"], False, row["success"]
 
 
 def label_row(bp: dict, scores: list[float], aborted: list[bool], success: list[bool], capped: int,
-              new_tokens: int, terminal: bool) -> dict:
-    return {**bp, "k": 0 if terminal else len(scores), "terminal": terminal, "rollout_scores": scores,
-            "n_aborted": sum(aborted), "n_success": sum(success), "n_capped": capped, "new_tokens": new_tokens,
-            "label": sum(scores) / len(scores) / 100.0}
+              new_tokens: int, terminal: bool, errors: int = 0) -> dict | None:
+    """The soft-label row of a branch point from its scored continuations (None: none was scored)."""
+    if not scores:
+        return None
+    return {**bp, "k": 0 if terminal else len(scores) + errors, "terminal": terminal, "rollout_scores": scores,
+            "n_aborted": sum(aborted), "n_success": sum(success), "n_capped": capped, "n_errors": errors,
+            "new_tokens": new_tokens, "label": sum(scores) / len(scores) / 100.0}
+
+
+def scored(episode: Episode, capped: bool, aborted_value: float, errors: "ErrorCounts"):
+    """:func:`continuation_score`, or None when the game failed on it (counted in ``errors``)."""
+    try:
+        return continuation_score(episode, capped, aborted_value)
+    except ContinuationError as error:
+        errors.add(episode.instance.game, episode.episode_id, str(error))
+        return None
+
+
+class ErrorCounts:
+    """Continuation errors per game: how many, and the first one (logged when it happens)."""
+
+    def __init__(self):
+        self.count: dict[str, int] = {}
+        self.first: dict[str, str] = {}
+
+    def add(self, game: str, where: str, error: str) -> None:
+        self.count[game] = self.count.get(game, 0) + 1
+        self.first.setdefault(game, f"{where}: {error}")
+        log.warning("%s: continuation %s failed (%d so far in this game): %s", game, where, self.count[game], error)
+
+    def lines(self) -> str:
+        return "\n".join(f"{game}: {count} continuations failed, first: {self.first[game]}"
+                         for game, count in sorted(self.count.items()))
 
 
 class BranchPointStates:
     """Rebuilds the game state right after each branch point's candidate, replaying each episode once:
     branch points of one episode (sorted by turn) fork from one replay as it moves along."""
 
-    def __init__(self, engine: RolloutEngine, catalog: GameCatalog, policy):
-        self.engine, self.catalog, self.policy = engine, catalog, policy
+    def __init__(self, engine: RolloutEngine, catalog: GameCatalog, policy, base_seed: int):
+        self.engine, self.catalog, self.policy, self.base_seed = engine, catalog, policy, base_seed
         self._instances: dict[tuple, Instance] = {}
 
     def instance(self, bp: dict) -> Instance:
@@ -138,60 +233,87 @@ class BranchPointStates:
                            f"{bp['split']} instances")
         return self._instances[key]
 
-    def states(self, bps: list[dict]) -> list[Episode | None]:
-        """One episode per branch point, at the state after its candidate (None when the replay diverged)."""
+    def states(self, bps: list[dict]) -> list[Episode]:
+        """One episode per branch point, at the state after its candidate (:class:`ReplayDivergence` when the replay
+        does not reproduce it)."""
         by_episode: dict[str, list[int]] = {}
         for index, bp in enumerate(bps):
             by_episode.setdefault(bp["episode_id"], []).append(index)
         states: list[Episode | None] = [None] * len(bps)
         for indices in by_episode.values():
             indices.sort(key=lambda i: bps[i]["turn_idx"])
-            replay = self.engine.start(self.instance(bps[indices[0]]), [self.policy], bps[indices[0]]["episode_id"], 0)
+            episode_id = bps[indices[0]]["episode_id"]
+            replay = self.engine.start(self.instance(bps[indices[0]]), [self.policy], episode_id, 0,
+                                       game_seed(self.base_seed, episode_id))
             for index in indices:
                 bp = bps[index]
                 self.engine.replay(replay, bp["history"][len(replay.turns):])
-                if self._reproduces(replay, bp):
-                    states[index] = replay.fork(bp["bp_id"], seed=bp["seed"])
+                self._check_reproduces(replay, bp)
+                states[index] = replay.fork(bp["bp_id"], seed=bp["seed"])
         return states
 
     @staticmethod
-    def _reproduces(replay: Episode, bp: dict) -> bool:
+    def _check_reproduces(replay: Episode, bp: dict) -> None:
         last = replay.turns[-1] if len(replay.turns) == len(bp["history"]) else None
         if replay.error is None and last and last["response"] == bp["candidate"] and last["messages"] == bp["prefix"]:
-            return True
-        log.warning("branch point %s skipped: replaying its history did not reproduce the recorded prefix (%s)",
-                    bp["bp_id"], replay.error or "a different game state")
-        return False
+            return
+        if replay.error is not None:
+            how = f"the replay failed: {replay.error}"
+        elif last is None:
+            how = f"the game ended after {len(replay.turns)} of the {len(bp['history'])} recorded answers"
+        else:
+            how = "the player saw another prompt than recorded"
+        raise ReplayDivergence(
+            f"game {bp['game']}: replaying branch point {bp['bp_id']} did not reproduce the recorded game ({how}). "
+            f"The game must be deterministic given its instance, the answers and the random generators the engine "
+            f"seeds per episode (Python's random, numpy.random); a game that draws from other sources cannot be "
+            f"labelled")
 
 
-def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict], label_settings: dict) -> list[dict]:
-    """Soft-label a chunk of branch points: all K continuations of all of them in lockstep."""
+class ReplayDivergence(RuntimeError):
+    """A branch point's replay did not rebuild the recorded game: the labels of that game would be wrong."""
+
+
+def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict], label_settings: dict,
+                errors: ErrorCounts | None = None) -> list[dict]:
+    """Soft-label a chunk of branch points: all K continuations of all of them in lockstep. Branch points without
+    any scored continuation get no row (their errors are counted in ``errors``)."""
+    errors = errors if errors is not None else ErrorCounts()
     k, cap, aborted_value = label_settings["k"], label_settings["max_rollout_rounds"], label_settings["aborted_value"]
     roots = states.states(bps)
     continuations: list[tuple[int, Episode, int]] = []  # (branch point index, fork, turns before it)
-    rows: dict[int, dict] = {}
+    rows: dict[int, dict | None] = {}
     for index, (bp, root) in enumerate(zip(bps, roots)):
-        if root is None:
-            continue
         if root.done:  # the candidate ended the game
-            score, aborted, success = continuation_score(root, False, aborted_value)
-            rows[index] = label_row(bp, [score], [aborted], [success], 0, 0, terminal=True)
+            outcome = scored(root, False, aborted_value, errors)
+            if outcome is not None:
+                score, aborted, success = outcome
+                rows[index] = label_row(bp, [score], [aborted], [success], 0, 0, terminal=True)
             continue
         for j in range(k):
             fork = root.fork(f"{bp['bp_id']}/k{j}", seed=derive_seed(bp["seed"], "continuation", j))
+            # each continuation meets its own game randomness (a game that draws during play), seeded like its answers
+            fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
             continuations.append((index, fork, len(root.turns)))
     engine.run([fork for _, fork, _ in continuations], label="soft label continuations", max_turns=cap)
 
     results: dict[int, list] = {}
+    failed: dict[int, int] = {}
+    tokens: dict[int, int] = {}
     for index, fork, start in continuations:
         capped = not fork.done
-        results.setdefault(index, []).append(
-            (*continuation_score(fork, capped, aborted_value), capped,
-             sum(turn["new_tokens"] for turn in fork.turns[start:])))
-    for index, outcomes in results.items():
-        scores, aborted, success, capped, tokens = (list(column) for column in zip(*outcomes))
-        rows[index] = label_row(bps[index], scores, aborted, success, sum(capped), sum(tokens), terminal=False)
-    return [rows[index] for index in sorted(rows)]
+        tokens[index] = tokens.get(index, 0) + sum(turn["new_tokens"] for turn in fork.turns[start:])
+        outcome = scored(fork, capped, aborted_value, errors)
+        if outcome is None:
+            failed[index] = failed.get(index, 0) + 1
+        else:
+            results.setdefault(index, []).append((*outcome, capped))
+    for index in sorted({index for index, _, _ in continuations}):
+        outcomes = results.get(index, [])
+        scores, aborted, success, capped = [list(column) for column in zip(*outcomes)] if outcomes else [[]] * 4
+        rows[index] = label_row(bps[index], scores, aborted, success, sum(capped), tokens[index], terminal=False,
+                                errors=failed.get(index, 0))
+    return [rows[index] for index in sorted(rows) if rows[index] is not None]
 
 
 class ShardCheckpoint:
@@ -256,21 +378,26 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
         policy = policy or load_policy({**model_settings, "threads": threads or model_settings["threads"]}, cache_dir)
         engine = RolloutEngine(GameCatalog(settings["games"]), Sampling(
             label_settings["temperature"], label_settings["top_p"], label_settings["max_new_tokens"]))
-        states = BranchPointStates(engine, engine.catalog, policy)
-        step = label_settings["checkpoint_every"]
+        states = BranchPointStates(engine, engine.catalog, policy, settings["seed"])
+        step, errors = label_settings["checkpoint_every"], ErrorCounts()
         for start in range(0, len(todo), step):
-            rows = label_chunk(engine, states, todo[start:start + step], label_settings)
+            rows = label_chunk(engine, states, todo[start:start + step], label_settings, errors)
             checkpoint.save(rows)
             done.update((row["bp_id"], row) for row in rows)
             log.info("soft labels shard %d/%d: %d/%d branch points labelled", shard, shards, len(done), len(mine))
+        if errors.count:
+            log.warning("soft labels shard %d/%d: continuations the games failed on (left out of the labels):\n%s",
+                        shard, shards, errors.lines())
     rows = [done[bp["bp_id"]] for bp in mine if bp["bp_id"] in done]
     records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
     checkpoint.remove()
     return rows
 
 
-def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], output: str) -> list[dict]:
-    """Concatenate the shards in branch point order into one soft-labels file."""
+def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], output: str,
+                       on_failure: str = "stop") -> list[dict]:
+    """Concatenate the shards in branch point order into one soft-labels file. Fails when no label has any
+    variance (nothing for a PRM to learn), unless ``on_failure`` is continue."""
     by_id = {}
     for path in shard_paths:
         for row in records.read_records(path, records.SOFT_LABELS):
@@ -279,9 +406,14 @@ def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], out
             by_id[row["bp_id"]] = row
     order = [bp["bp_id"] for bp in records.read_records(bp_path, records.BRANCH_POINTS)]
     rows = [by_id[bp_id] for bp_id in order if bp_id in by_id]
+    log.info("soft labels: %d of %d branch points labelled (%d without any scored continuation)\n%s", len(rows),
+             len(order), len(order) - len(rows), summarize_labels(rows))
+    check_not_empty("gather_soft_labels", "soft labels", len(rows), f"{len(order)} branch points", on_failure)
+    if rows and len({row["label"] for row in rows}) == 1:
+        fail_or_warn("gather_soft_labels", f"no soft label with any variance: all {len(rows)} labels are "
+                     f"{rows[0]['label']:.3f}, nothing for a PRM to learn ({summarize_labels(rows)})", on_failure)
     records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
-    log.info("soft labels: %d of %d branch points labelled (%d skipped) -> %s\n%s", len(rows), len(order),
-             len(order) - len(rows), output, summarize_labels(rows))
+    log.info("soft labels -> %s", output)
     return rows
 
 
@@ -299,5 +431,6 @@ def summarize_labels(rows: list[dict]) -> str:
                      f"{len(game_rows) - len(continued)} terminal; {k} continuations of the others: "
                      f"{100 * sum(r['n_aborted'] for r in continued) / k:.0f}% aborted, "
                      f"{100 * sum(r['n_success'] for r in continued) / k:.0f}% success, "
-                     f"{100 * sum(r['n_capped'] for r in continued) / k:.0f}% capped")
+                     f"{100 * sum(r['n_capped'] for r in continued) / k:.0f}% capped, "
+                     f"{sum(r['n_errors'] for r in continued)} failed (left out)")
     return "\n".join(lines)

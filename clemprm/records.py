@@ -87,11 +87,13 @@ BRANCH_POINTS = pa.schema(BRANCH_POINT_FIELDS)
 SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
     ("k", pa.int32()),                 # continuations played (0 when the candidate ended the game)
     ("terminal", pa.bool_()),          # the candidate ended the game: rollout_scores holds its own final score
-    ("rollout_scores", pa.list_(pa.float64())),  # BENCH_SCORE (0-100) of each continuation; aborted ones
+    ("rollout_scores", pa.list_(pa.float64())),  # BENCH_SCORE (0-100) of each scored continuation; aborted ones
                                        # count as labels.aborted_value * 100, capped ones as the game's partial score
     ("n_aborted", pa.int32()),         # continuations that aborted (terminal: 1 when the candidate aborted the game)
     ("n_success", pa.int32()),         # continuations that won (terminal: 1 when the candidate won the game)
     ("n_capped", pa.int32()),          # continuations stopped at labels.max_rollout_rounds
+    ("n_errors", pa.int32()),          # continuations the game failed on (its code, scorer or partial score
+                                       # raised): left out of rollout_scores and the label
     ("new_tokens", pa.int64()),        # tokens the continuations generated (cost)
     ("label", pa.float64()),           # mean of rollout_scores / 100, in [0, 1]
 ])

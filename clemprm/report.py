@@ -101,6 +101,9 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
         axes[0].legend(fontsize="small", ncol=len(modes))
     axes[0].set_title(f"{summary.get('split', '?')} split: bars = point estimate, whiskers = "
                       f"{round(100 * (summary.get('bootstrap') or {}).get('ci', 0.95))}% bootstrap CI over instances")
+    if summary.get("warnings"):  # on_failure: continue let failed stages go on: say so on the figure
+        fig.suptitle("WARNING, failed stages went on (on_failure: continue):\n" + "\n".join(
+            warning[:140] for warning in summary["warnings"][:5]), color="red", fontsize="small")
     _save(plt, fig, path, drawn)
 
 

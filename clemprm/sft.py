@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
+from clemprm.checks.run_time import check_not_empty
 from clemprm.clemcore_setup import merge_roles
 from clemprm.config import provenance
 
@@ -393,9 +394,11 @@ def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: st
 
 
 def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None) -> dict:
+              cache_dir: str | None = None, on_failure: str = "stop") -> dict:
     """Fine-tune ``settings["model"]`` on the pairs of ``data_path`` (+ ``sft.extra_data``); write the adapter
-    folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft."""
+    folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft.
+    Without any win to learn from the stage fails (:mod:`clemprm.checks.run_time`), unless ``on_failure`` is
+    continue: then the adapter is untrained and the metrics say so."""
     import torch
     from peft import get_peft_model
     from transformers import EarlyStoppingCallback, PrinterCallback
@@ -418,6 +421,9 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                  len(extra))
     cfg = ModelConfig.from_dict({**settings["model"], "cache_dir": cache_dir})
     device = device_name()
+    check_not_empty("sft_adapter", "wins to fine-tune on", sum(map(len, rows.values())),
+                    f"{len(rows['sft_data'])} player perspectives of won episodes in {data_path}, "
+                    f"{len(rows.get('extra_data', []))} successful rows of sft.extra_data", on_failure)
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
     if device == "cpu":
         keep_4bit_differentiable(model)

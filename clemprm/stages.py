@@ -11,6 +11,7 @@ import logging
 
 from clemprm import records
 from clemprm.catalog import GameCatalog
+from clemprm.checks.run_time import check_episodes, check_instances
 from clemprm.config import provenance
 from clemprm.engine import RolloutEngine, Sampling
 
@@ -39,10 +40,14 @@ def summarize(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, policy=None) -> list[dict]:
-    """The base policy plays the train split of every configured game (``episodes_per_instance`` times each)."""
+def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, policy=None,
+                  on_failure: str = "stop") -> list[dict]:
+    """The base policy plays the train split of every configured game (``episodes_per_instance`` times each).
+    Fails (:mod:`clemprm.checks.run_time`) when a game has no train instance or every episode of a game failed,
+    unless ``on_failure`` is continue."""
     rollout = settings["base_rollouts"]
     catalog = GameCatalog(settings["games"])
+    check_instances("base_rollouts", catalog, "train", on_failure)
     instances = catalog.all_instances("train")
     policy = policy or load_policy(settings["model"], cache_dir)
     sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])
@@ -51,8 +56,10 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
     rows = RolloutEngine(catalog, sampling).play(
         instances, [policy], repeats=rollout["episodes_per_instance"], base_seed=settings["seed"],
         stage="base_rollouts", policy_name=policy.name)
+    log.info("played %d episodes\n%s", len(rows), summarize(rows))
+    check_episodes("base_rollouts", rows, on_failure)
     records.write_records(output, rows, records.EPISODES, provenance(settings))
-    log.info("wrote %d episodes to %s\n%s", len(rows), output, summarize(rows))
+    log.info("wrote %d episodes to %s", len(rows), output)
     return rows
 
 

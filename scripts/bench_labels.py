@@ -42,8 +42,8 @@ def main() -> None:
                                policy=policy)
     catalog = GameCatalog(settings["games"])
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, args.max_new_tokens))
-    states = labels.BranchPointStates(engine, catalog, policy)
-    live = [bp for bp, root in zip(bps, states.states(bps)) if root is not None and not root.done]
+    states = labels.BranchPointStates(engine, catalog, policy, settings["seed"])
+    live = [bp for bp, root in zip(bps, states.states(bps)) if not root.done]
     n_continuations = len(live) * args.k
     print(f"model {policy.name}, {len(bps)} branch points ({len(live)} not terminal), K={args.k}: "
           f"{n_continuations} continuations, greedy, max {args.max_new_tokens} new tokens, {args.threads} threads")

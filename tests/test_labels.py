@@ -141,7 +141,9 @@ def test_labels_do_not_depend_on_the_shard_count(tiny_policy, tmp_path):
     for shard, path in enumerate(shard_paths):
         labels.soft_labels_shard({**settings, "labels": {**settings["labels"], "shards": 3}}, bp_path, None, shard, 3,
                                  path, policy=tiny_policy)
-    gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet")
+    # the random tiny model aborts every continuation: all labels alike, which would stop the run
+    gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet",
+                                         on_failure="continue")
     assert len(one) == len(records.read_records(bp_path)) > 3
     assert same_rows(gathered, one)
     assert all(0.0 <= row["label"] <= 1.0 and len(row["rollout_scores"]) == max(row["k"], 1) for row in one)

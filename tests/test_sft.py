@@ -9,6 +9,7 @@ import re
 import pytest
 
 from clemprm import records, sft, stages
+from clemprm.checks.run_time import StageFailure
 from clemprm.models import ModelConfig, PolicyModel
 from tests.conftest import binary_search_answer, tiny_config
 
@@ -284,8 +285,11 @@ def test_no_training_examples_writes_an_untrained_adapter_equal_to_the_base(tmp_
     lost_only = tmp_path / "lost.jsonl"
     lost_only.write_text("\n".join(line for line in (tmp_path / "extra.jsonl").read_text().splitlines()
                                    if '"lose"' in line) + "\n")
+    with pytest.raises(StageFailure, match="sft_adapter: no wins to fine-tune on .0 player perspectives"):
+        sft.train_sft(sft_settings(extra_data=str(lost_only)), str(data), str(tmp_path / "adapter"),
+                      str(tmp_path / "m.json"), test_cache_dir)
     metrics = sft.train_sft(sft_settings(extra_data=str(lost_only)), str(data), str(tmp_path / "adapter"),
-                            str(tmp_path / "m.json"), test_cache_dir)
+                            str(tmp_path / "m.json"), test_cache_dir, on_failure="continue")
     assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
     policy = PolicyModel(ModelConfig(spec="tiny:0", threads=1, cache_dir=test_cache_dir,
                                      adapter=str(tmp_path / "adapter")), max_new_tokens=8)

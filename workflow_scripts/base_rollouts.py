@@ -4,4 +4,5 @@ setup_job(snakemake)
 
 from clemprm import stages  # noqa: E402  (after setup_job: offline mode is read at import)
 
-stages.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"])
+stages.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"],
+                     on_failure=snakemake.config["on_failure"])

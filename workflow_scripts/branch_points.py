@@ -5,4 +5,5 @@ setup_job(snakemake)
 from clemprm import labels  # noqa: E402  (after setup_job: offline mode is read at import)
 
 labels.branch_points(snakemake.params.settings, snakemake.input.adapter, snakemake.output.episodes,
-                     snakemake.output.branch_points, snakemake.config["cache_dir"])
+                     snakemake.output.branch_points, snakemake.config["cache_dir"],
+                     on_failure=snakemake.config["on_failure"])

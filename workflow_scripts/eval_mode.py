@@ -7,4 +7,5 @@ from clemprm import evaluation  # noqa: E402  (after setup_job: offline mode is 
 # the rule's name is the mode (greedy_base, greedy_sft, random_of_n, best_of_n, beam_search, greedy_merged)
 evaluation.evaluate_mode(snakemake.rule, snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"],
                          sft_adapter=snakemake.input.get("sft_adapter"), prm_adapter=snakemake.input.get("prm_adapter"),
-                         merged_model=snakemake.input.get("merged_model"))
+                         merged_model=snakemake.input.get("merged_model"),
+                         on_failure=snakemake.config["on_failure"])

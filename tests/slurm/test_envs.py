@@ -19,7 +19,9 @@ def _pins(requirements: list[str]) -> dict[str, str]:
 
 
 def test_conda_env_pins_the_packages_of_pyproject_and_a_cuda_torch():
-    project = _pins(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # the dependencies and the `clembench` extra (the packages the clembench games import)
+    project = _pins(pyproject["dependencies"] + pyproject["optional-dependencies"]["clembench"])
     env = yaml.safe_load((REPO / "envs" / "clemprm.yaml").read_text())
     assert any(str(dep).startswith("python=3.11") for dep in env["dependencies"])
     pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict) and "pip" in dep)

@@ -1,0 +1,190 @@
+"""Checks run when the Snakefile is parsed, before any job: a run that cannot work stops at once, saying why.
+
+:func:`check_config_inputs` checks what the config names outside this repository without loading any model or
+game code:
+
+* ``model.spec`` (and ``prm.base_model``) resolve: a known ``embedded:``/``tiny:`` spec, an existing local folder,
+  or a hub id; no weights are loaded;
+* ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
+  (:func:`clemprm.catalog.clembench_specs`) with its instances file;
+* each game's Python imports resolve: the modules its ``master.py`` imports at module level, followed through the
+  game's own modules (read with :mod:`ast`, never executed), must be importable here;
+* the NLTK data a game downloads at import time (``nltk.download("stopwords")`` in taboo, ``"wordnet"`` in taboo
+  and codenames) is installed: offline the download fails and the game breaks later, inside a job.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+NLTK_DATA_FOLDERS = ("corpora", "tokenizers", "taggers", "chunkers", "grammars", "models", "misc", "sentiment",
+                     "stemmers")
+"""Where NLTK keeps a data package, by kind (``nltk.data.find("corpora/stopwords")``)."""
+
+
+class ConfigInputError(ValueError):
+    """Something the config names (a model, a checkout, a game, its packages or data) is not usable here."""
+
+
+def check_config_inputs(config: dict) -> None:
+    """Raise :class:`ConfigInputError` listing every problem found (see the module doc)."""
+    problems = model_problems(config["model"]["spec"], "model.spec")
+    if config.get("prm", {}).get("base_model"):
+        problems += model_problems(config["prm"]["base_model"], "prm.base_model")
+    problems += clembench_problems(config["games"])
+    if problems:
+        raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
+
+
+def model_problems(spec: str, key: str) -> list[str]:
+    """Why ``spec`` cannot name a model here ([] when it can): a malformed or unknown spec, a missing folder."""
+    from clemprm.models import parse_spec
+
+    try:
+        kind, value = parse_spec(spec)
+    except ValueError as error:
+        return [f"{key}: {error}"]
+    if kind == "path" and (os.path.isabs(value) or value.startswith(".")) and not os.path.isdir(value):
+        return [f"{key}: model folder {value} does not exist"]
+    return []
+
+
+def clembench_problems(games: dict) -> list[str]:
+    """Why the configured clembench games cannot be played here ([] when they can)."""
+    from clemprm.catalog import clembench_specs, instances_file
+
+    names = games.get("clembench_games") or []
+    if not names:
+        return []
+    if not games.get("clembench_path"):
+        return ["games.clembench_games is set but games.clembench_path is null"]
+    try:
+        specs = clembench_specs(games["clembench_path"])
+    except ValueError as error:
+        return [str(error)]
+    problems = []
+    chosen = games.get("instances_files") or {}
+    for name in sorted(set(chosen) - set(names)):
+        problems.append(f"games.instances_files names {name!r}, which is not in games.clembench_games")
+    for name in names:
+        if name not in specs:
+            problems.append(f"games.clembench_games: no game {name!r} in clembench checkout "
+                            f"{games['clembench_path']} (found: {', '.join(sorted(specs)) or 'none'})")
+            continue
+        game_dir, spec = specs[name]
+        try:
+            instances_file(game_dir, spec, chosen.get(name))
+        except ValueError as error:
+            problems.append(str(error))
+        modules, nltk_data = game_imports(game_dir)
+        missing = sorted(module for module in modules if not importable(module))
+        if missing:
+            problems.append(f"game {name!r} imports {', '.join(missing)}, not installed here "
+                            f"(pip install -e \".[clembench]\" installs what the clembench 2.0 text games need)")
+        absent = [package for package in nltk_data if not nltk_data_installed(package)]
+        if absent:
+            problems.append(f"game {name!r} needs the NLTK data {', '.join(absent)}, which NLTK does not find here "
+                            f"(on a machine with network: python -m nltk.downloader -d DIR {' '.join(absent)}, then "
+                            f"set NLTK_DATA=DIR; NLTK also refuses data writable by other accounts: chmod -R go-w "
+                            f"DIR; README: clembench games)")
+    return problems
+
+
+def local_roots(game_dir: Path) -> list[Path]:
+    """The folders clemcore puts on ``sys.path`` for a game: the game folder, and its parent when the folder's name
+    starts with the parent's (``textmapworld/textmapworld_main``)."""
+    game_dir = Path(game_dir).resolve()
+    return [game_dir] + ([game_dir.parent] if game_dir.name.startswith(game_dir.parent.name) else [])
+
+
+def game_imports(game_dir: Path) -> tuple[set[str], list[str]]:
+    """``(top-level modules the game imports from outside its folders, NLTK data packages it downloads)``: from
+    ``master.py`` and, transitively, the game's own modules it imports; module level only (imports inside
+    functions run later, or never)."""
+    roots = local_roots(game_dir)
+    external: set[str] = set()
+    nltk_data: list[str] = []
+    todo, seen = [Path(game_dir) / "master.py"], set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in module_level_nodes(tree):
+            if isinstance(node, ast.Call) and nltk_download_target(node):
+                nltk_data.append(nltk_download_target(node))
+            for module, maybe_attribute in imported_modules(node):
+                local = local_module_file(module, roots)
+                if local is not None:
+                    todo.append(local)
+                elif not maybe_attribute and module.split(".")[0] not in sys.stdlib_module_names:
+                    external.add(module.split(".")[0])
+    return external, list(dict.fromkeys(nltk_data))
+
+
+def module_level_nodes(tree: ast.Module):
+    """Every node of a module except those inside function bodies (those run only when called)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def imported_modules(node: ast.AST) -> list[tuple[str, bool]]:
+    """``(module, maybe an attribute)`` per module an import statement may load: ``from a import b`` loads ``a``
+    and, when ``a.b`` is a module rather than a name in ``a``, ``a.b`` too."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, False) for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [(node.module, False)] + [(f"{node.module}.{alias.name}", True) for alias in node.names]
+    return []
+
+
+def local_module_file(module: str, roots: list[Path]) -> Path | None:
+    """The file of ``module`` in the game's folders (a module or a package's ``__init__``), else None."""
+    parts = module.split(".")
+    for root in roots:
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        if base.is_dir():  # a namespace package of the game
+            return base / "__init__.py"
+    return None
+
+
+def nltk_download_target(node: ast.Call) -> str | None:
+    """``"stopwords"`` for a call ``nltk.download("stopwords", ...)``, else None."""
+    func = node.func
+    if (isinstance(func, ast.Attribute) and func.attr == "download" and isinstance(func.value, ast.Name)
+            and func.value.id == "nltk" and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def nltk_data_installed(package: str) -> bool:
+    """Whether NLTK finds the data package ``package`` (as a folder or a zip) on its data path."""
+    import nltk
+
+    for folder in NLTK_DATA_FOLDERS:
+        try:
+            nltk.data.find(f"{folder}/{package}")
+            return True
+        except LookupError:
+            continue
+    return False
