@@ -146,6 +146,12 @@ class GameCatalog:
     def games(self) -> list[str]:
         return list(self.game_dirs)
 
+    def draws_global_randomness(self, game: str) -> bool:
+        """Whether the game's code may draw from Python's ``random`` or NumPy's global generator (then each
+        episode plays with generators of its own, :meth:`clemprm.engine.Episode.own_generators`). Built-in games
+        draw nothing from them (tests/test_engine.py checks it); clembench games may."""
+        return game not in self.config["builtin"]
+
     def parse_mode(self, game: str) -> str:
         return self.config.get("parse_mode_overrides", {}).get(game, self.config["parse_mode"])
 

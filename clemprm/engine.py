@@ -116,7 +116,8 @@ class Episode:
         self.env = env
         self.recorder = recorder
         self.benchmark = benchmark
-        self.generator_states = generator_states or seeded_generator_states(seed)
+        # the game's own random / numpy.random states; None for a game that draws nothing from them (built-in games)
+        self.generator_states = generator_states
         self.turns: list[dict] = []
         self.error: str | None = None
         # (agent id, messages) once the waiting player has perceived its context (clemcore's perceive_context
@@ -129,7 +130,12 @@ class Episode:
 
     @contextmanager
     def own_generators(self):
-        """Run game code with this episode's ``random`` / ``numpy.random`` states; the process's are restored."""
+        """Run game code with this episode's ``random`` / ``numpy.random`` states; the process's are restored.
+        A no-op for games that draw nothing from them: swapping NumPy's state costs ~55 us each way, a third of
+        a built-in game's whole turn in the engine."""
+        if self.generator_states is None:
+            yield
+            return
         outside = random.getstate(), np.random.get_state()
         random.setstate(self.generator_states[0])
         np.random.set_state(self.generator_states[1])
@@ -249,8 +255,9 @@ class RolloutEngine:
         benchmark = self.catalog.benchmarks[instance.game]
         env = self._new_env(benchmark)
         env.callbacks = GameBenchmarkCallbackList([LogPlayers()])
-        episode = Episode(episode_id, instance, seed, env, recorder, benchmark,
-                          seeded_generator_states(seed if game_seed is None else game_seed))
+        generator_states = (seeded_generator_states(seed if game_seed is None else game_seed)
+                            if self.catalog.draws_global_randomness(instance.game) else None)
+        episode = Episode(episode_id, instance, seed, env, recorder, benchmark, generator_states)
         env.game_benchmark = RecordingFromCreation(benchmark, recorder)
         try:
             with episode.own_generators():

@@ -293,7 +293,8 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
         for j in range(k):
             fork = root.fork(f"{bp['bp_id']}/k{j}", seed=derive_seed(bp["seed"], "continuation", j))
             # each continuation meets its own game randomness (a game that draws during play), seeded like its answers
-            fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
+            if fork.generator_states is not None:
+                fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
             continuations.append((index, fork, len(root.turns)))
     engine.run([fork for _, fork, _ in continuations], label="soft label continuations", max_turns=cap)
 

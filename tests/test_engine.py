@@ -142,3 +142,27 @@ def test_corrupt_record_file_error_names_the_file(tmp_path):
     path.write_bytes(b"not parquet at all")
     with pytest.raises(records.RecordFileError, match="broken.parquet"):
         records.read_records(path, records.EPISODES)
+
+
+def test_built_in_games_draw_nothing_from_the_process_generators(scripted_policy):
+    """Built-in games play without per-episode generators (catalog.draws_global_randomness): that is only right
+    while their code never touches Python's `random` or NumPy's global generator. Play every built-in game (won,
+    lost and aborted turns) and check both process states are untouched."""
+    import random
+
+    import numpy as np
+
+    from clemprm.games import BUILTIN_GAMES
+
+    catalog = GameCatalog(tiny_config(games={"builtin": list(BUILTIN_GAMES)})["games"])
+    assert not any(catalog.draws_global_randomness(game) for game in catalog.games)
+    random.seed(3)
+    np.random.seed(3)
+    before = random.getstate(), np.random.get_state()[1].copy()
+    plays = [("guessnumber", binary_search_answer)] + [
+        (game, answer) for game in catalog.games for answer in (lambda m: "I have no idea.", lambda m: "GUESS: 5")]
+    for game, answer in plays:
+        rows = play(catalog, scripted_policy(answer), game)
+        assert rows and all(row["error"] is None for row in rows)
+    assert random.getstate() == before[0]
+    assert (np.random.get_state()[1] == before[1]).all()
