@@ -23,6 +23,7 @@ include: "rules/sft.smk"
 include: "rules/labels.smk"
 include: "rules/prm.smk"
 include: "rules/eval.smk"
+include: "rules/rl.smk"
 
 
 rule all:

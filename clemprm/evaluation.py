@@ -4,10 +4,13 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
 
 ``greedy_base``  the base policy (``model``), temperature 0
 ``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
+``greedy_rl``    the RL policy (``model`` + the RL adapter of ``rl_adapter``), temperature 0
 ``random_of_n``  the SFT policy; the same N candidates per turn as ``best_of_n``, one played at random: the
                  control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
 ``beam_search``  the SFT policy; beams of forked games ranked by the PRM
+``best_of_n_implicit``  ``best_of_n`` with PRIME's implicit PRM (:mod:`clemprm.rl.implicit_scorer`) instead of the
+                 Monte-Carlo PRM: the same candidates (same seeds), another ranking
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -69,8 +72,8 @@ def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
 def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
-    if mode == "best_of_n":
-        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling)
+    if mode in ("best_of_n", "best_of_n_implicit"):
+        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
     if mode == "random_of_n":
         costs = best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
         for cost in costs:
@@ -101,7 +104,7 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
-                  prm_adapter: str | None = None, *, policy=None, prm=None) -> list[dict]:
+                  prm_adapter: str | None = None, *, policy=None, prm=None, rl_adapter: str | None = None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
@@ -114,6 +117,10 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     instances = catalog.all_instances(eval_settings["split"])
+    if policy is None and mode == "greedy_rl":
+        if not rl_adapter:
+            raise ValueError("eval mode greedy_rl plays the RL policy: give the RL adapter folder")
+        policy = load_policy(sft_policy_settings(settings["model"], rl_adapter), cache_dir)
     if policy is None:
         if mode != "greedy_base" and not sft_adapter:
             raise ValueError(f"eval mode {mode} plays the SFT policy: give the SFT adapter folder")
@@ -123,6 +130,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         from clemprm.prm import load_prm
 
         prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
+    if mode == "best_of_n_implicit" and prm is None:
+        from clemprm.rl.implicit_scorer import load_implicit_prm
+
+        prm = load_implicit_prm(settings["model"], rl_adapter, sft_adapter, settings["rl"]["prime"]["beta"], cache_dir)
+        prm_adapter = f"{rl_adapter}/prm"
     if mode == "random_of_n":
         prm = RandomScorer(settings["seed"])
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
@@ -136,7 +148,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     seconds = time.perf_counter() - start
     rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
-    run = run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter)
+    run = run_info(mode, seconds, policy, prm if mode in PRM_MODES + ("best_of_n_implicit",) else None, prm_adapter)
     records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
     log.info("eval %s: %d episodes in %.0f s -> %s\n%s", mode, len(rows), seconds, output,
              summarize(rows) if rows else "(no episode)")

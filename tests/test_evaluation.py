@@ -114,7 +114,8 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
     assert set(summary["differences"]) == {"greedy_sft", "greedy_base", "random_of_n"}
-    assert set(summary["differences"]["greedy_base"]) == {"greedy_sft", "random_of_n", "best_of_n", "beam_search"}
+    assert set(summary["differences"]["greedy_base"]) == {"greedy_sft", "random_of_n", "best_of_n", "beam_search",
+                                                          "greedy_rl", "best_of_n_implicit"}
 
 
 def estimates_of(node):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from clemprm.catalog import GameCatalog, Instance
 from clemprm.engine import RolloutEngine, Sampling
 from clemprm.models import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, prime, trainer
+from clemprm.rl.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, selective_log_softmax, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
 from tests.conftest import tiny_config
@@ -288,3 +290,17 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
         assert config["base_model_name_or_path"] == "tiny:0" and (folder / "adapter_model.safetensors").is_file()
     _, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
     PeftModel.from_pretrained(base, str(tmp_path / "rl"))   # loads as a plain policy adapter
+    # the implicit PRM as a best-of-N scorer: beta * sum log-ratio of the candidate against the SFT adapter
+    pairs = [([{"role": "user", "content": "Guess a number from 1 to 2."}], answer) for answer in ("GUESS: 1", "x")]
+    trained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(tmp_path / "rl"), half_and_half_sft,
+                                beta=0.05, cache_dir=test_cache_dir)
+    scores = trained.score(pairs)
+    assert all(math.isfinite(score) for score in scores) and scores[0] != scores[1]
+    assert trained.stats.pairs == 2
+    untrained_rl = tmp_path / "untrained"
+    shutil.copytree(half_and_half_sft, untrained_rl / "prm")   # the PRM equal to its reference: every score 0
+    untrained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(untrained_rl), half_and_half_sft, beta=0.05,
+                                  cache_dir=test_cache_dir)
+    assert untrained.score(pairs) == [0.0, 0.0]
+    with pytest.raises(FileNotFoundError, match="rl.algorithm: prime"):
+        load_implicit_prm({"spec": "tiny:0"}, str(tmp_path), half_and_half_sft, beta=0.05, cache_dir=test_cache_dir)

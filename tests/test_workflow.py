@@ -105,7 +105,8 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert prm_metrics["config"]["prm"]["epochs"] == 1
     summary = json.loads((workdir / "results/prm_eval.json").read_text())
     jsonschema.validate(summary, json.loads(evaluation.SCHEMA_PATH.read_text()))
-    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}
+    assert set(summary["modes"]) == {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search",
+                                     "greedy_rl"}
     for figure in ("eval_scores", "soft_labels", "prm_calibration", "training_curves"):
         assert (workdir / f"results/report/{figure}.png").stat().st_size > 1000
     for name in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "gather_soft_labels",
@@ -166,3 +167,19 @@ def test_stages_run_and_only_changed_sections_rerun(workdir):
     assert (workdir / "results/labels/branch_points.parquet").stat().st_mtime_ns == bp_mtime
     relabelled = records.read_records(workdir / "results/labels/soft_labels.parquet", records.SOFT_LABELS)
     assert {row["k"] for row in relabelled} <= {0, 3}
+
+    # the RL stage and its eval mode; changing rl.* reruns only them and what reads their outputs
+    rl_metrics_path = workdir / "results/rl/metrics.json"
+    rl_metrics = json.loads(rl_metrics_path.read_text())
+    assert rl_metrics["status"] == "trained" and len(rl_metrics["history"]) == rl_metrics["config"]["rl"]["steps"]
+    assert (workdir / "results/rl/adapter/adapter_model.safetensors").is_file()
+    assert "greedy_rl" in summary["differences"]["greedy_sft"]
+    assert "rl step" in (workdir / "results/logs/rl_adapter.log").read_text()
+    config["rl"] = {"lr": 1e-4}
+    (workdir / "tiny.yaml").write_text(yaml.safe_dump(config))
+    assert planned_rules(snakemake(workdir, "-n", "results/eval/greedy_rl.parquet").stdout) == {"rl_adapter",
+                                                                                                "greedy_rl"}
+    assert not planned_rules(snakemake(workdir, "-n").stdout) & {"base_rollouts", "win_filter", "sft_adapter",
+                                                                 "branch_points", "greedy_base", "greedy_sft"}
+    snakemake(workdir, "results/eval/greedy_rl.parquet")
+    assert json.loads(rl_metrics_path.read_text())["config"]["rl"]["lr"] == 1e-4
