@@ -19,8 +19,10 @@ Step
 Devices: as SFT. CUDA: the base as the loader gives it (``quantization: auto`` = 4-bit NF4, bf16 compute, forwards
 under bf16 autocast), paged 8-bit AdamW; CPU: fp32, ``torch.optim.AdamW``.
 
-SCoRe adds only its objective (advantages per attempt, ``Turn.kl_beta`` per attempt) and its attempt builder
-(the episodes it plays); the update, the reference and the metrics are this module's.
+Extensions use the same step: SCoRe adds only its objective (advantages per attempt, ``Turn.kl_beta`` per attempt)
+and its attempt builder (the episodes it plays); per-turn rewards (Hanabi's state tracking and move rating) are a
+reward source whose objective turns them into per-turn advantages. The update, the reference and the metrics stay
+this module's.
 """
 
 from __future__ import annotations
