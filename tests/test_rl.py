@@ -261,6 +261,10 @@ def test_rl_steps_raise_the_winning_answers_probability(algorithm, half_and_half
 
     before = log_odds()
     assert abs(before) < 1.5   # the SFT policy has no preference yet
+    weights = {name: param.detach().clone() for name, param in model.named_parameters()}
+    rl.rollouts([FORCED], step=99)   # generation merges the adapter into the base and unmerges it afterwards
+    assert all(torch.allclose(param, weights[name], atol=1e-6) for name, param in model.named_parameters())
+    assert log_odds() == pytest.approx(before, abs=1e-4)
     history = [rl.step([FORCED, FORCED], step) for step in range(4)]
     after = log_odds()
     assert after > before + 1.0, (before, after, [h["reward"] for h in history])

@@ -61,6 +61,25 @@ def using_adapter(model, name: str):
             param.requires_grad_(requires_grad)
 
 
+@contextlib.contextmanager
+def merged_for_generation(model, name: str):
+    """Generate with the LoRA adapter ``name`` active and, where exact, merged into the base weights, unmerged on
+    exit. Merged, a forward costs what the plain model's does (SmolLM2 with the SFT adapter, batch 12, 1 thread:
+    31 tokens/s unmerged, 52 as the plain model). Only an fp32, unquantized base is merged (never merge into a 4-bit
+    base; a bf16 merge and unmerge would round the weights); otherwise the adapter just stays active."""
+    base = model.get_base_model()
+    mergeable = getattr(base, "hf_quantizer", None) is None and base.dtype == torch.float32
+    with using_adapter(model, name):
+        if not mergeable:
+            yield model
+            return
+        model.base_model.merge_adapter([name])
+        try:
+            yield model
+        finally:
+            model.base_model.unmerge_adapter()
+
+
 def adapters_disabled(model):
     """The base model (every adapter off): the policy's KL reference."""
     return model.disable_adapter()

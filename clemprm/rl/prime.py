@@ -89,7 +89,7 @@ class ImplicitPRM:
                 log_ratios[id(turn)] = q.detach()
                 total += float(q.detach().sum())
             logit, label = self.beta * total, float(sequence.success)
-            probability = 1 / (1 + math.exp(-logit))
+            probability = 0.5 * (1 + math.tanh(logit / 2))   # sigmoid, without overflow
             losses.append(bce_with_logit(logit, label))
             correct += (probability > 0.5) == bool(label)
             weight = self.beta * (probability - label) / len(scored)   # dBCE/d(sum q), averaged over sequences

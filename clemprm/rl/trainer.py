@@ -3,7 +3,9 @@
 Step
     1. Rollouts: ``rl.instances_per_step`` train instances x ``rl.group_size`` episodes, played by the current
        policy (adapter ``default``) in lockstep (:func:`clemprm.rl.rollouts.collect_groups`), sampled at
-       ``rl.temperature``. The generator's conversation store is emptied first (the weights changed).
+       ``rl.temperature``, with the adapter merged into an fp32 base while generating
+       (:func:`clemprm.rl.logprobs.merged_for_generation`). The generator's conversation store is emptied first
+       (the weights changed).
     2. The objective sets each turn's per-token advantages (:class:`clemprm.rl.grpo.GRPO`,
        :class:`clemprm.rl.prime.PRIME`, which also updates its implicit PRM).
     3. Policy update: every trained turn (a non-zero advantage or a KL term) is one forward with the adapter on
@@ -41,7 +43,7 @@ import torch
 from clemprm.catalog import GameCatalog, Instance
 from clemprm.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.rl.grpo import GRPO, summary
-from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
+from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups
@@ -208,7 +210,7 @@ class RLTrainer:
         """Groups of episodes of ``instances`` played by the current policy (no gradients, eval mode)."""
         self.model.eval()
         self.policy.decoder.forget_conversations()   # states of the previous weights are stale
-        with using_adapter(self.model, POLICY_ADAPTER):
+        with merged_for_generation(self.model, POLICY_ADAPTER):
             return collect_groups(self.engine, self.policy, instances, self.rl["group_size"], base_seed=self.seed,
                                   step=step, sampling=self.sampling, reward_of=self.reward_of)
 
