@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from clemprm.catalog import GameCatalog, Instance
+from clemprm.catalog import GameCatalog, Instance, _round_robin
 from clemprm.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.rl.grpo import GRPO, summary
 from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
@@ -161,15 +161,10 @@ def instance_schedule(instances: list[Instance], per_step: int, steps: int, seed
         by_game.setdefault(instance.game, []).append(instance)
     for game, game_instances in by_game.items():
         random.Random(derive_seed(seed, "rl order", game)).shuffle(game_instances)
-    order = [instance for column in _zip_all(list(by_game.values())) for instance in column]
+    order = _round_robin(by_game)
     if not order:
         raise ValueError("rl: no train instance to play (games.max_instances.train, games.builtin)")
     return [[order[(step * per_step + k) % len(order)] for k in range(per_step)] for step in range(steps)]
-
-
-def _zip_all(lists: list[list]) -> list[list]:
-    width = max((len(items) for items in lists), default=0)
-    return [[items[i] for items in lists if i < len(items)] for i in range(width)]
 
 
 class RLTrainer:
