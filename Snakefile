@@ -28,6 +28,7 @@ include: "rules/labels.smk"
 include: "rules/prm.smk"
 include: "rules/eval.smk"
 include: "rules/merge.smk"
+include: "rules/rl.smk"
 
 
 rule all:

@@ -87,8 +87,9 @@ def sections(config: dict, *names: str) -> dict:
 # for the PRM modes, prm): changing eval.bootstrap_samples reruns the summary alone, eval.beam_width beam_search.
 _EVAL_PLAY = ("split", "episodes_per_instance", "max_new_tokens")
 _EVAL_SAMPLING = ("n", "temperature", "top_p")
-EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
-                  "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
+EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "greedy_rl": _EVAL_PLAY,
+                  "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
+                  "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING, "best_of_n_implicit": _EVAL_PLAY + _EVAL_SAMPLING,
                   "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation"),
                   "greedy_merged": _EVAL_PLAY}
 EVAL_PRM_MODES = ("best_of_n", "beam_search")

@@ -4,12 +4,15 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
 
 ``greedy_base``  the base policy (``model``), temperature 0
 ``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
+``greedy_rl``    the RL policy (``model`` + the RL adapter of ``rl_adapter``), temperature 0
 ``random_of_n``  the SFT policy; the same N candidates per turn as ``best_of_n``, one played at random: the
                  control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
 ``beam_search``  the SFT policy; beams of forked games ranked by the PRM
 ``greedy_merged`` the merged SFT checkpoint (``results/merged/sft``, :mod:`clemprm.merge`), temperature 0: on CPU in
                  fp32 it plays the episodes of ``greedy_sft``; only played when listed in ``eval.modes``
+``best_of_n_implicit``  ``best_of_n`` with PRIME's implicit PRM (:mod:`clemprm.rl.implicit_scorer`) instead of the
+                 Monte-Carlo PRM: the same candidates (same seeds), another ranking
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -72,8 +75,8 @@ def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
 def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
-    if mode == "best_of_n":
-        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling)
+    if mode in ("best_of_n", "best_of_n_implicit"):
+        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
     if mode == "random_of_n":
         costs = best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
         for cost in costs:
@@ -104,8 +107,8 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
-                  prm_adapter: str | None = None, *, merged_model: str | None = None, policy=None,
-                  prm=None, on_failure: str = "stop") -> list[dict]:
+                  prm_adapter: str | None = None, *, merged_model: str | None = None, rl_adapter: str | None = None,
+                  policy=None, prm=None, on_failure: str = "stop") -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
@@ -125,6 +128,10 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         if not merged_model:
             raise ValueError("eval mode greedy_merged plays the merged SFT checkpoint: give its folder")
         policy = load_policy({**settings["model"], "spec": str(merged_model), "adapter": None}, cache_dir)
+    if policy is None and mode == "greedy_rl":
+        if not rl_adapter:
+            raise ValueError("eval mode greedy_rl plays the RL policy: give the RL adapter folder")
+        policy = load_policy(sft_policy_settings(settings["model"], rl_adapter), cache_dir)
     if policy is None:
         if mode != "greedy_base" and not sft_adapter:
             raise ValueError(f"eval mode {mode} plays the SFT policy: give the SFT adapter folder")
@@ -134,6 +141,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         from clemprm.prm import load_prm
 
         prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
+    if mode == "best_of_n_implicit" and prm is None:
+        from clemprm.rl.implicit_scorer import load_implicit_prm
+
+        prm = load_implicit_prm(settings["model"], rl_adapter, sft_adapter, settings["rl"]["prime"]["beta"], cache_dir)
+        prm_adapter = f"{rl_adapter}/prm"
     if mode == "random_of_n":
         prm = RandomScorer(settings["seed"])
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
@@ -149,7 +161,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
     log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
     warnings = split_warnings + check_episodes(f"eval {mode}", rows, on_failure)
-    run = {**run_info(mode, seconds, policy, prm if mode in PRM_MODES else None, prm_adapter), "warnings": warnings}
+    run = {**run_info(mode, seconds, policy, prm if mode in PRM_MODES + ("best_of_n_implicit",) else None, prm_adapter), "warnings": warnings}
     records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
     log.info("eval %s -> %s", mode, output)
     return rows

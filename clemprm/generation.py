@@ -64,6 +64,10 @@ class Generation:
     new_tokens: int
     error: str | None = None
     finish_reason: str = "stop"   # "stop" (an end token), "length" (max_new_tokens reached) or "error"
+    # the tokens behind the answer, for training on what was played (clemprm.rl): the rendered prompt's ids and
+    # the generated ids (end token included); None where nothing was generated or a policy does not tokenise
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 @dataclass
@@ -902,7 +906,7 @@ class PolicyModel(_backends.BatchGenerativeModel):
                 raw = self.tokenizer.decode(new_ids, skip_special_tokens=True)
                 out[i] = Generation(text=strip_thinking(raw, inside_think=prompt_opens_think(texts[i])),
                                     raw_text=raw, prompt_tokens=len(prompts[i]), new_tokens=len(new_ids),
-                                    finish_reason=reason)
+                                    finish_reason=reason, prompt_ids=prompts[i], token_ids=new_ids)
         self.stats.calls += 1
         self.stats.prompts += n
         self.stats.prompt_tokens += sum(len(p) for p in prompts.values())

@@ -41,6 +41,46 @@ rule greedy_sft:
         "../workflow_scripts/eval_mode.py"
 
 
+rule greedy_rl:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        rl_adapter="results/rl/adapter",
+    output:
+        "results/eval/greedy_rl.parquet",
+    params:
+        settings=eval_mode_params(config, "greedy_rl"),
+    log:
+        "results/logs/greedy_rl.log",
+    benchmark:
+        "results/benchmarks/greedy_rl.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+# PRIME's implicit PRM (rl.algorithm: prime; results/rl/adapter/prm) ranking best-of-N candidates (not a default mode)
+rule best_of_n_implicit:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+        rl_adapter="results/rl/adapter",
+    output:
+        "results/eval/best_of_n_implicit.parquet",
+    params:
+        settings={**eval_mode_params(config, "best_of_n_implicit"), **sections(config, "rl")},
+    log:
+        "results/logs/best_of_n_implicit.log",
+    benchmark:
+        "results/benchmarks/best_of_n_implicit.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
 rule random_of_n:
     input:
         instance_list=lambda wc: config["games"]["instance_list"] or [],

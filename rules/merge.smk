@@ -5,6 +5,7 @@
 MERGED_ADAPTERS = {
     "sft": ("results/sft/adapter", "causal-lm"),
     "prm": ("results/prm/adapter", "seq-cls"),
+    "rl": ("results/rl/adapter", "causal-lm"),
 }
 
 

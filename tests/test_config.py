@@ -50,4 +50,4 @@ def test_eval_mode_params_hold_only_what_the_mode_plays_by():
     assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(changed, mode) != params[mode]} == {"beam_search"}
     sampled = load_config(overrides={"eval": {"temperature": 0.3}})
     assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(sampled, mode) != params[mode]} == \
-        {"random_of_n", "best_of_n", "beam_search"}
+        {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit"}

@@ -24,7 +24,7 @@ from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
-EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}
+EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "greedy_rl"}
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
@@ -236,6 +236,9 @@ RERUNS = {
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
              {"beam_search", "eval_summary", "eval_report_figures", "all"}, None),
+    # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
+    "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl", "eval_summary"},
+           set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
 }
@@ -307,7 +310,18 @@ def test_inspect_command_on_every_record_file(completed_run, name):
 def test_merged_adapters(completed_run):
     """The merge stage: every adapter merged into a standalone checkpoint that matches PEFT(base + adapter)."""
     results = completed_run.workdir / "results"
-    for name in ("sft", "prm"):
+    for name in ("sft", "prm", "rl"):
         verification = json.loads((results / f"merged/{name}/verification.json").read_text())
         assert verification["passed"] and (results / f"merged/{name}/config.json").is_file()
         assert "verification (passed)" in (results / f"logs/merge/{name}.log").read_text()
+
+
+def test_rl_adapter(completed_run):
+    """The RL stage (GRPO by default) and its eval mode."""
+    results = completed_run.workdir / "results"
+    rl_metrics = json.loads((results / "rl/metrics.json").read_text())
+    assert rl_metrics["status"] == "trained" and len(rl_metrics["history"]) == rl_metrics["config"]["rl"]["steps"]
+    assert (results / "rl/adapter/adapter_model.safetensors").is_file()
+    summary = json.loads((results / "prm_eval.json").read_text())
+    assert "greedy_rl" in summary["differences"]["greedy_sft"]
+    assert "rl step" in (results / "logs/rl_adapter.log").read_text()

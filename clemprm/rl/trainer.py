@@ -1,0 +1,314 @@
+"""The RL trainer: one step = groups of rollouts through the engine, the objective's advantages, one policy update.
+
+Step
+    1. Rollouts: ``rl.instances_per_step`` train instances x ``rl.group_size`` episodes, played by the current
+       policy (adapter ``default``) in lockstep (:func:`clemprm.rl.rollouts.collect_groups`), sampled at
+       ``rl.temperature``, with the adapter merged into an fp32 base while generating
+       (:func:`clemprm.rl.logprobs.merged_for_generation`). The generator's conversation store is emptied first
+       (the weights changed).
+    2. The objective sets each turn's per-token advantages (:class:`clemprm.rl.grpo.GRPO`,
+       :class:`clemprm.rl.prime.PRIME`, which also updates its implicit PRM).
+    3. Policy update: every trained turn (a non-zero advantage or a KL term) is one forward with the adapter on
+       (gradients) and one with the adapters off (the reference, no gradients), then its own backward: peak memory
+       is one turn's graph. Per token ``-A_t * exp(logp_t - sg(logp_t)) + kl_beta * K3_t`` (the ratio is 1 on
+       policy; its gradient is ``-A_t * grad logp_t``), ``K3 = exp(d) - d - 1``, ``d = logp_ref - logp``.
+       Normalised by ``rl.length_normalisation``: ``tokens`` divides the step's sum by all answer tokens of the
+       step, ``constant`` by ``max_new_tokens`` x the step's policy turns (a length-independent weight per token).
+       Turns without a gradient are skipped, but counted in the normaliser, so skipping changes nothing. Then
+       gradient clipping (``rl.max_grad_norm``), one optimizer step, the learning-rate schedule (linear warmup,
+       cosine down to ``min_lr_rate`` x lr).
+
+Devices: as SFT. CUDA: the base as the loader gives it (``quantization: auto`` = 4-bit NF4, bf16 compute, forwards
+under bf16 autocast), paged 8-bit AdamW; CPU: fp32, ``torch.optim.AdamW``.
+
+Extensions use the same step: SCoRe adds only its objective (advantages per attempt, ``Turn.kl_beta`` per attempt)
+and its attempt builder (the episodes it plays); per-turn rewards (Hanabi's state tracking and move rating) are a
+reward source whose objective turns them into per-turn advantages. The update, the reference and the metrics stay
+this module's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from clemprm.catalog import GameCatalog, Instance, _round_robin
+from clemprm.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.rl.grpo import GRPO, summary
+from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
+from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
+from clemprm.rl.rewards import reward_function
+from clemprm.rl.rollouts import Group, Turn, collect_groups
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("grpo", "prime")
+POLICY_ADAPTER = "default"
+OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
+
+
+# ------------------------------------------------------------------------------------------ model, optimizer
+
+
+def load_training_model(model_settings: dict, sft_adapter: str, cache_dir: str | None, *, implicit_prm: bool):
+    """``(model config, tokenizer, PEFT model)``: the base with the SFT adapter as the trainable policy adapter
+    (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference."""
+    from clemprm.models import ModelConfig, load_tokenizer_and_model
+    from clemprm.sft import device_name, keep_4bit_differentiable
+
+    cfg = ModelConfig.from_dict({**model_settings, "adapter": str(sft_adapter), "cache_dir": cache_dir})
+    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
+    if device_name() == "cpu":
+        keep_4bit_differentiable(model)
+    if implicit_prm:
+        model.load_adapter(str(sft_adapter), adapter_name=PRM_ADAPTER, is_trainable=True)
+        model.load_adapter(str(sft_adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        model.set_adapter(POLICY_ADAPTER)
+        for name, param in model.named_parameters():  # set_adapter froze all but the active adapter
+            if f".{PRM_ADAPTER}." in name:
+                param.requires_grad_(True)
+    for param in model.parameters():   # LoRA weights train in fp32 (as SFT keeps them on CPU)
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+    return cfg, tokenizer, model
+
+
+def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
+    marker = f".{adapter}."
+    return [param for name, param in model.named_parameters() if marker in name and param.requires_grad]
+
+
+def make_optimizer(params: list, rl: dict, lr: float, device: str):
+    """AdamW over ``params``: ``rl.optimizer`` auto = paged 8-bit AdamW on CUDA (bitsandbytes), torch's on CPU."""
+    name = rl["optimizer"] if rl["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
+    if name == "paged_adamw_8bit":
+        import bitsandbytes as bnb
+        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=rl["weight_decay"])
+    if name == "adamw_torch":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=rl["weight_decay"])
+    raise ValueError(f"rl.optimizer: unknown optimizer {name!r} (auto, adamw_torch, paged_adamw_8bit)")
+
+
+def make_scheduler(optimizer, rl: dict):
+    """Linear warmup over ``warmup_ratio`` of the steps, then cosine down to ``min_lr_rate`` x lr (the card's)."""
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    return get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, num_warmup_steps=int(rl["warmup_ratio"] * rl["steps"]), num_training_steps=rl["steps"],
+        min_lr_rate=rl["min_lr_rate"])
+
+
+# ------------------------------------------------------------------------------------------ policy update
+
+
+def turn_loss(logp: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor, kl_beta: float,
+              normaliser: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, K3 per token)`` of one turn (see the module docstring)."""
+    ratio = torch.exp(logp - logp.detach())
+    d = reference - logp
+    k3 = torch.exp(d) - d - 1
+    loss = (-(advantages * ratio) + kl_beta * k3).sum() / normaliser
+    return loss, k3.detach()
+
+
+def step_normaliser(turns: list[Turn], length_normalisation: str, max_new_tokens: int) -> float:
+    """What a step's summed token losses are divided by (module docstring), from all its policy turns."""
+    if length_normalisation == "tokens":
+        return float(max(1, sum(len(turn.completion_ids) for turn in turns)))
+    if length_normalisation == "constant":
+        return float(max(1, max_new_tokens * len(turns)))
+    raise ValueError(f"rl.length_normalisation: unknown value {length_normalisation!r} (tokens, constant)")
+
+
+def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, normaliser: float,
+                                compute_dtype=None) -> dict:
+    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; statistics."""
+    loss_sum, k3_sum, trained_tokens, trained_turns = 0.0, 0.0, 0, 0
+    with using_adapter(model, POLICY_ADAPTER):
+        for turn in turns:
+            if not turn.trained:
+                continue
+            beta = kl_beta if turn.kl_beta is None else turn.kl_beta
+            reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
+            logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
+            advantages = torch.tensor(turn.advantages, dtype=logp.dtype, device=logp.device)
+            loss, k3 = turn_loss(logp, reference, advantages, beta, normaliser)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            k3_sum += float(k3.sum())
+            trained_tokens += len(turn.completion_ids)
+            trained_turns += 1
+    return {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
+            "trained_turns": trained_turns, "trained_tokens": trained_tokens}
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+
+
+def instance_schedule(instances: list[Instance], per_step: int, steps: int, seed: int) -> list[list[Instance]]:
+    """The instances of each step: every game's instances in a seeded order, interleaved round-robin over games,
+    then cycled, so consecutive steps see every game and every instance before any repeats."""
+    by_game: dict[str, list[Instance]] = {}
+    for instance in instances:
+        by_game.setdefault(instance.game, []).append(instance)
+    for game, game_instances in by_game.items():
+        random.Random(derive_seed(seed, "rl order", game)).shuffle(game_instances)
+    order = _round_robin(by_game)
+    if not order:
+        raise ValueError("rl: no train instance to play (games.max_instances.train, games.builtin)")
+    return [[order[(step * per_step + k) % len(order)] for k in range(per_step)] for step in range(steps)]
+
+
+class RLTrainer:
+    """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
+
+    def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog):
+        from clemprm.generation import PolicyModel
+        from clemprm.models import resolve_dtype
+        from clemprm.sft import device_name
+
+        self.settings, self.rl, self.seed = settings, settings["rl"], int(settings["seed"])
+        self.model, self.tokenizer = model, tokenizer
+        self.device = device_name()
+        self.compute_dtype = resolve_dtype(model_cfg, self.device)
+        rl = self.rl
+        self.sampling = Sampling(rl["temperature"], rl["top_p"], rl["max_new_tokens"])
+        self.policy = PolicyModel(model_cfg, name=f"{model_cfg.short_name}+rl", tokenizer=tokenizer, model=model,
+                                  temperature=rl["temperature"], top_p=rl["top_p"], max_new_tokens=rl["max_new_tokens"])
+        self.engine = RolloutEngine(catalog, self.sampling)
+        self.reward_of = reward_function(rl["reward"])
+        self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
+        self.scheduler = make_scheduler(self.optimizer, rl)
+        self.objective = self._objective()
+
+    def _objective(self):
+        algorithm = self.rl["algorithm"]
+        if algorithm == "grpo":
+            return GRPO()
+        if algorithm == "prime":
+            prime = self.rl["prime"]
+            prm = ImplicitPRM(self.model, prime["beta"], compute_dtype=self.compute_dtype)
+            optimizer = make_optimizer(prm.parameters(), self.rl, prime["lr"], self.device)
+            return PRIME(prm, optimizer, make_scheduler(optimizer, self.rl),
+                         std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"])
+        raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+    def rollouts(self, instances: list[Instance], step: int) -> list[Group]:
+        """Groups of episodes of ``instances`` played by the current policy (no gradients, eval mode)."""
+        self.model.eval()
+        self.policy.decoder.forget_conversations()   # states of the previous weights are stale
+        with merged_for_generation(self.model, POLICY_ADAPTER):
+            return collect_groups(self.engine, self.policy, instances, self.rl["group_size"], base_seed=self.seed,
+                                  step=step, sampling=self.sampling, reward_of=self.reward_of)
+
+    def update(self, groups: list[Group]) -> dict:
+        """The objective's advantages, then one policy update on ``groups``; the update's statistics."""
+        self.model.train()
+        objective_stats = self.objective.assign(self, groups)
+        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
+        normaliser = step_normaliser(turns, self.rl["length_normalisation"], self.rl["max_new_tokens"])
+        stats = accumulate_policy_gradients(self.model, turns, kl_beta=self.rl["kl_beta"], normaliser=normaliser,
+                                            compute_dtype=self.compute_dtype)
+        params = adapter_parameters(self.model, POLICY_ADAPTER)
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.rl["max_grad_norm"])) \
+            if stats["trained_turns"] else 0.0
+        stats["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()   # parameters without a gradient (nothing trained) are left alone
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {**objective_stats, **stats}
+
+    def step(self, instances: list[Instance], step: int) -> dict:
+        """One RL step on ``instances``; its metrics."""
+        start = time.perf_counter()
+        groups = self.rollouts(instances, step)
+        rollout_seconds = time.perf_counter() - start
+        update = self.update(groups)
+        rows = [row for group in groups for row in group.rows]
+        rewards = [reward for group in groups for reward in group.rewards()]
+        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
+        metrics = {
+            "step": step, "instances": [list(instance.key) for instance in instances], "episodes": len(rows),
+            "reward": summary(rewards),
+            "success_rate": 100 * sum(bool(row["success"]) for row in rows) / max(1, len(rows)),
+            "percent_played": 100 * sum(not row["aborted"] for row in rows) / max(1, len(rows)),
+            "errors": sum(row["error"] is not None for row in rows),
+            "policy_turns": len(turns), "tokens": {"generated": sum(len(t.completion_ids) for t in turns),
+                                                   "trained": update.pop("trained_tokens")},
+            **update,
+            "seconds": {"rollouts": round(rollout_seconds, 3),
+                        "update": round(time.perf_counter() - start - rollout_seconds, 3)},
+        }
+        log.info("rl step %d: reward %.3f (std %.3f), success %.0f%%, played %.0f%%, %d/%d turns trained, kl %s, "
+                 "grad norm %.3g, %.0f s rollouts + %.0f s update", step, metrics["reward"]["mean"] or 0.0,
+                 metrics["reward"]["std"] or 0.0, metrics["success_rate"], metrics["percent_played"],
+                 metrics["trained_turns"], len(turns), metrics["kl"], metrics["grad_norm"],
+                 metrics["seconds"]["rollouts"], metrics["seconds"]["update"])
+        return metrics
+
+
+# ------------------------------------------------------------------------------------------ the stage
+
+
+def save_adapters(model, spec: str, adapter_names: list[str], adapter_dir: Path) -> None:
+    """Save the named adapters (``default`` at the top, the others in sub-folders named after them, PEFT's layout),
+    naming their base by ``spec``; written beside ``adapter_dir`` and moved into place."""
+    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
+    try:
+        out = tmp_root / "adapter"
+        model.save_pretrained(str(out), selected_adapters=adapter_names)
+        for config_path in out.rglob("adapter_config.json"):
+            data = json.loads(config_path.read_text())
+            data["base_model_name_or_path"] = spec
+            config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        if adapter_dir.exists():
+            shutil.rmtree(adapter_dir)
+        os.replace(out, adapter_dir)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+
+
+def train_rl(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: str,
+             cache_dir: str | None = None) -> dict:
+    """The ``rl_adapter`` stage: RL of the SFT policy on the train split of every configured game; writes the
+    policy adapter (and, for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
+    ``settings`` is the rule's params: seed, model, games, rl."""
+    from clemprm.models import resolve_quantization
+    from clemprm.sft import finish_metrics
+
+    start = time.perf_counter()
+    rl = settings["rl"]
+    if rl["algorithm"] not in ALGORITHMS:
+        raise ValueError(f"rl.algorithm: unknown algorithm {rl['algorithm']!r} (known: {', '.join(ALGORITHMS)})")
+    torch.manual_seed(int(settings["seed"]))
+    catalog = GameCatalog(settings["games"])
+    schedule = instance_schedule(catalog.all_instances("train"), rl["instances_per_step"], rl["steps"],
+                                 int(settings["seed"]))
+    cfg, tokenizer, model = load_training_model(settings["model"], sft_adapter, cache_dir,
+                                                implicit_prm=rl["algorithm"] == "prime")
+    trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
+    log.info("rl %s: %d steps x %d instances x %d episodes, policy %s from %s", rl["algorithm"], rl["steps"],
+             rl["instances_per_step"], rl["group_size"], trainer.policy.name, sft_adapter)
+    steps = [trainer.step(instances, index) for index, instances in enumerate(schedule)]
+    adapters = [POLICY_ADAPTER] + ([PRM_ADAPTER] if rl["algorithm"] == "prime" else [])
+    save_adapters(model, cfg.spec, adapters, Path(adapter_dir))
+    metrics = {"status": "trained", "algorithm": rl["algorithm"],
+               "model": {"spec": cfg.spec, "sft_adapter": str(sft_adapter), "device": trainer.device,
+                         "quantization": resolve_quantization(cfg, trainer.device),
+                         "dtype": str(trainer.compute_dtype)},
+               "implicit_prm_adapter": "prm" if rl["algorithm"] == "prime" else None,
+               "history": steps, "generation": trainer.policy.stats.as_dict()}
+    finish_metrics(metrics, start, settings, metrics_path)
+    log.info("rl %s: %d steps in %.0f s; reward %s -> %s; adapter %s", rl["algorithm"], len(steps),
+             metrics["seconds"], steps[0]["reward"]["mean"] if steps else None,
+             steps[-1]["reward"]["mean"] if steps else None, adapter_dir)
+    return metrics

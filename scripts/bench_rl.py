@@ -1,0 +1,195 @@
+"""RL benchmarks (figures, not tests): rollout collection and the peak memory of an update against episode length.
+
+1. Rollout collection on SmolLM2 (the embedded default's train instances, ``rl.group_size`` episodes each,
+   temperature 0.7): the trainer's lockstep collection (:func:`clemprm.rl.rollouts.collect_groups`: one generate
+   call per engine step for every waiting episode) against one episode at a time with plain HF ``generate`` at
+   batch 1 (how the SCoRe card's trainer collects), both through the same games and the same adapter-carrying
+   model. Prints episodes/s of each and the ratio.
+2. Peak memory of one policy update against episode length: episodes of T turns (each turn a fixed-length prompt
+   and answer, so only the number of turns grows), the trainer's per-turn backward against one combined backward
+   of the whole episode; each case in a fresh process (peak RSS above the high-water mark of a warm-up update).
+
+    python scripts/bench_rl.py [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
+                               [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SPEC = "embedded:smollm2-135m-instruct"
+
+
+def untrained_adapter(folder: str, threads: int) -> str:
+    """An SFT-shaped LoRA (the default ``sft.lora``; B = 0) for SmolLM2: the cost of the policy's adapter."""
+    from peft import get_peft_model
+
+    from clemprm.config import load_config
+    from clemprm.models import ModelConfig, load_tokenizer_and_model
+    from clemprm.sft import lora_config
+
+    path = os.path.join(folder, "adapter")
+    if not os.path.isdir(path):
+        _, model = load_tokenizer_and_model(ModelConfig(spec=SPEC, threads=threads))
+        get_peft_model(model, lora_config(load_config()["sft"]["lora"], "CAUSAL_LM")).save_pretrained(path)
+    return path
+
+
+class HFOneAtATime:
+    """A policy that answers each perspective by itself with plain HF ``generate`` (batch 1, sampling)."""
+
+    def __init__(self, policy):
+        self.policy, self.name = policy, "hf-generate"
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def generate(self, perspectives, seeds=None, temperature=0.7, top_p=1.0, max_new_tokens=24):
+        import torch
+
+        from clemprm.generation import Generation
+
+        tokenizer, model = self.policy.tokenizer, self.policy.model
+        out = []
+        for messages, seed in zip(perspectives, seeds or range(len(perspectives))):
+            ids = tokenizer(self.policy.render(messages), add_special_tokens=False, return_tensors="pt")["input_ids"]
+            torch.manual_seed(int(seed) & 0xFFFF_FFFF)
+            with torch.inference_mode():
+                generated = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                           temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                           pad_token_id=tokenizer.pad_token_id)
+            new = generated[0, ids.shape[1]:].tolist()
+            text = tokenizer.decode(new, skip_special_tokens=True)
+            out.append(Generation(text=text.strip(), raw_text=text, prompt_tokens=ids.shape[1], new_tokens=len(new)))
+        return out
+
+
+def bench_rollouts(args, adapter: str) -> None:
+    from clemprm.catalog import GameCatalog
+    from clemprm.config import load_config
+    from clemprm.engine import RolloutEngine, derive_seed
+    from clemprm.rl.trainer import RLTrainer, instance_schedule, load_training_model
+
+    config = load_config(overrides={"model": {"threads": args.threads},
+                                    "rl": {"group_size": args.group_size, "instances_per_step": args.instances}})
+    settings = {name: config[name] for name in ("seed", "model", "games", "rl")}
+    catalog = GameCatalog(config["games"])
+    instances = instance_schedule(catalog.all_instances("train"), args.instances * len(catalog.games), 1,
+                                  config["seed"])[0]
+    cfg, tokenizer, model = load_training_model(config["model"], adapter, None, implicit_prm=False)
+    trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
+    start = time.perf_counter()
+    groups = trainer.rollouts(instances, step=0)
+    lockstep_seconds = time.perf_counter() - start
+    lockstep_episodes = sum(len(group.rows) for group in groups)
+    lockstep_tokens = sum(len(t.completion_ids) for g in groups for s in g.sequences for t in s.turns)
+
+    baseline = HFOneAtATime(trainer.policy)
+    engine = RolloutEngine(catalog, trainer.sampling)
+    # the same episodes as the lockstep run, spread over instances (games differ in length), as many as asked
+    pairs = [(instance, g) for g in range(args.group_size) for instance in instances][:args.baseline_episodes]
+    model.eval()
+    start = time.perf_counter()
+    tokens = 0
+    for instance, g in pairs:   # one episode at a time, each answer its own generate call
+        game, experiment, game_id = instance.key
+        episode_id = f"{game}/{experiment}/{game_id}/{g}"
+        episode = engine.start(instance, [baseline], episode_id, derive_seed(config["seed"], "rl", 0, episode_id))
+        engine.run([episode], label="hf generate")
+        tokens += sum(turn["new_tokens"] for turn in episode.turns)
+    baseline_seconds = time.perf_counter() - start
+    lockstep_rate, baseline_rate = lockstep_episodes / lockstep_seconds, len(pairs) / baseline_seconds
+    print(json.dumps({"rollouts": {
+        "lockstep": {"episodes": lockstep_episodes, "seconds": round(lockstep_seconds, 1),
+                     "episodes_per_s": round(lockstep_rate, 4), "tokens_per_s": round(lockstep_tokens / lockstep_seconds, 1)},
+        "hf_generate_one_at_a_time": {"episodes": len(pairs), "seconds": round(baseline_seconds, 1),
+                                      "episodes_per_s": round(baseline_rate, 4),
+                                      "tokens_per_s": round(tokens / baseline_seconds, 1)},
+        "ratio": round(lockstep_rate / baseline_rate, 2), "threads": args.threads}}, indent=1), flush=True)
+
+
+def memory_case(adapter: str, turns: int, mode: str, threads: int) -> dict:
+    """Peak RSS (MB) above the loaded model of one update on an episode of ``turns`` turns (run in a fresh process)."""
+    import torch
+
+    from clemprm.rl.logprobs import answer_logprobs, reference_logprobs
+    from clemprm.rl.rollouts import Turn
+    from clemprm.rl.trainer import accumulate_policy_gradients, load_training_model, step_normaliser, turn_loss
+
+    _, _, model = load_training_model({"spec": SPEC, "threads": threads}, adapter, None, implicit_prm=False)
+    model.train()
+    generator = torch.Generator().manual_seed(0)
+    episode = [Turn(torch.randint(100, 40000, (256,), generator=generator).tolist(),
+                    torch.randint(100, 40000, (24,), generator=generator).tolist(), advantages=[1.0] * 24)
+               for _ in range(turns)]
+    normaliser = step_normaliser(episode, "tokens", 24)
+    # warm-up on a short turn: weight pages and allocator pools are in place before the high-water mark is read
+    accumulate_policy_gradients(model, [Turn(episode[0].prompt_ids[:8], episode[0].completion_ids[:2],
+                                             advantages=[1.0] * 2)], kl_beta=0.0, normaliser=normaliser)
+    model.zero_grad(set_to_none=True)
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    start = time.perf_counter()
+    if mode == "per_turn":
+        accumulate_policy_gradients(model, episode, kl_beta=0.0, normaliser=normaliser)
+    else:   # every turn's graph kept until one backward of the episode
+        total = 0
+        for turn in episode:
+            logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids)
+            reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids)
+            total = total + turn_loss(logp, reference, torch.tensor(turn.advantages), 0.0, normaliser)[0]
+        total.backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"turns": turns, "mode": mode, "peak_rss_above_warm_mb": round(peak - loaded, 1),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def bench_memory(args, adapter: str) -> None:
+    rows = []
+    for turns in args.turns:
+        for mode in ("per_turn", "combined"):
+            result = subprocess.run([sys.executable, __file__, "--memory-case", str(turns), mode, "--adapter", adapter,
+                                     "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+    print(json.dumps({"memory": rows}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, default=2, help="train instances per game")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--baseline-episodes", type=int, default=6, help="of those, episodes played one at a time")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--skip-rollouts", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-case", nargs=2, metavar=("TURNS", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--adapter", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    if args.memory_case:
+        print(json.dumps(memory_case(args.adapter, int(args.memory_case[0]), args.memory_case[1], args.threads)))
+        return
+    folder = os.path.join(tempfile.gettempdir(), "clemprm-bench-rl")
+    os.makedirs(folder, exist_ok=True)
+    adapter = untrained_adapter(folder, args.threads)
+    print("shared machine: figures are pessimistic when other processes compete for the cores", flush=True)
+    if not args.skip_rollouts:
+        bench_rollouts(args, adapter)
+    if not args.skip_memory:
+        bench_memory(args, adapter)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The RL trainer on the tiny model (CPU): advantages, the implicit PRM, log-probabilities with adapters on and off,
+per-turn backward, and real learning on a forced game (a guessnumber instance that only "1" wins)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from clemprm import evaluation, records, sft
+from clemprm.catalog import GameCatalog, Instance
+from clemprm.config import eval_mode_params
+from clemprm.engine import RolloutEngine, Sampling
+from clemprm.models import ModelConfig, load_tokenizer_and_model
+from clemprm.rl import grpo, prime, trainer
+from clemprm.rl.implicit_scorer import load_implicit_prm
+from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, selective_log_softmax, using_adapter
+from clemprm.rl.rollouts import Group, Sequence, Turn
+from tests.conftest import tiny_config
+
+# Only the answer 1 wins: one guess of a number from 1 to 2; "2" loses; anything else is a violation (abort).
+FORCED = Instance("guessnumber", "train", {"name": "forced", "parse_mode": "lenient", "max_number": 2,
+                                           "max_guesses": 1}, {"game_id": 0, "target": 1})
+
+
+def rl_settings(**rl) -> dict:
+    config = tiny_config(rl=rl)
+    return {name: config[name] for name in ("seed", "model", "games", "rl")}
+
+
+def random_adapter(path, seed: int, test_cache_dir: str) -> str:
+    """A LoRA with random A and B (so it changes the model) saved at ``path``."""
+    from peft import LoraConfig, get_peft_model
+
+    _, model = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                                                  init_lora_weights=False))
+    peft_model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, test_cache_dir):
+    folder = tmp_path_factory.mktemp("adapters")
+    return [random_adapter(folder / f"a{seed}", seed, test_cache_dir) for seed in (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def forced_prompt(scripted_policy):
+    """The forced game's first perspective (what the policy sees), from the game through the engine."""
+    catalog = GameCatalog(tiny_config()["games"])
+    episode = RolloutEngine(catalog, Sampling()).start(FORCED, [scripted_policy(lambda m: "GUESS: 1")], "forced/0", 0)
+    return RolloutEngine.waiting(episode)[1]
+
+
+def tokens(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ------------------------------------------------------------------------------------------- advantages
+
+
+def test_outcome_advantage_is_the_group_z_score_and_zero_for_equal_rewards():
+    assert grpo.outcome_advantages([1.0, 1.0, 1.0, 1.0]) == [0.0] * 4
+    advantages = grpo.outcome_advantages([2.0, 0.0, 1.0, 1.0])
+    assert advantages == pytest.approx([2 ** 0.5, -(2 ** 0.5), 0.0, 0.0])
+    # every turn of an episode (both players in self-play) gets the episode's advantage
+    rows = [{"episode_id": f"e{i}"} for i in range(3)]
+    sequences = [Sequence(f"e{i}", player, [Turn([1], [2, 3]), Turn([1], [4])], reward=1.0)
+                 for i in range(3) for player in ("Player 1", "Player 2")]
+    group = Group(FORCED, rows, sequences)
+    stats = grpo.GRPO().assign(None, [group])
+    assert stats["zero_advantage_groups"] == 1
+    assert all(turn.advantages == [0.0] * len(turn.completion_ids) and not turn.trained
+               for sequence in sequences for turn in sequence.turns)
+    sequences[0].reward = sequences[1].reward = 2.0   # episode e0 won (both of its players' sequences)
+    grpo.GRPO().assign(None, [group])
+    expected = grpo.outcome_advantages([2.0, 1.0, 1.0])
+    for sequence in sequences:
+        index = int(sequence.episode_id[1])
+        assert all(turn.advantages == [expected[index]] * len(turn.completion_ids) for turn in sequence.turns)
+
+
+def _process_group(token_rewards_per_sequence: list[list[list[float]]]):
+    """One group whose sequence i has turns with the given token rewards; returns (group, rewards by turn id)."""
+    rows, sequences, rewards = [], [], {}
+    for i, turns in enumerate(token_rewards_per_sequence):
+        rows.append({"episode_id": f"e{i}"})
+        sequence = Sequence(f"e{i}", "Player 1")
+        for values in turns:
+            turn = Turn([1], list(range(len(values))))
+            sequence.turns.append(turn)
+            rewards[id(turn)] = torch.tensor(values)
+        sequences.append(sequence)
+    return Group(FORCED, rows, sequences), rewards
+
+
+def test_process_advantages_follow_the_normalised_leave_one_out_returns():
+    group, rewards = _process_group([[[0.2, -0.1], [0.3]], [[0.0, 0.1, 0.0]], [[-0.2], [0.1, 0.1]]])
+    advantages, stats = prime.process_advantages([group], rewards, std_threshold=0.01)
+    flat = [torch.cat([rewards[id(t)] for t in s.turns]) for s in group.sequences]
+    largest = max(float(prime.reverse_cumsum(r).abs().max()) for r in flat)
+    assert stats["largest_return"] == pytest.approx(largest)
+    normalised = [r / (largest + prime.NORM_EPSILON) for r in flat]
+    n = 3
+    baseline = sum(float(r.mean()) for r in normalised) / (n - 1)
+    for sequence, r in zip(group.sequences, normalised):
+        expected = [sum(float(x) for x in (r * n / (n - 1) - baseline)[t:]) for t in range(len(r))]
+        got = [a for turn in sequence.turns for a in advantages[id(turn)]]
+        assert got == pytest.approx(expected, abs=1e-6)
+    assert stats["zeroed_cohorts"] == 0
+
+
+def test_process_advantages_are_zero_below_the_std_threshold():
+    # sequence returns 0.300, 0.302, 0.301 after normalisation by the largest (0.302): std ~ 0.003 < 0.01
+    group, rewards = _process_group([[[0.1, 0.2]], [[0.151, 0.151]], [[0.3, 0.001]]])
+    advantages, stats = prime.process_advantages([group], rewards, std_threshold=0.01)
+    assert stats["zeroed_cohorts"] == 1
+    assert all(value == 0.0 for values in advantages.values() for value in values)
+    advantages, stats = prime.process_advantages([group], rewards, std_threshold=1e-4)
+    assert stats["zeroed_cohorts"] == 0 and any(value != 0.0 for values in advantages.values() for value in values)
+
+
+# -------------------------------------------------------------------------------------------- log-probs
+
+
+def test_selective_log_softmax_equals_log_softmax_gather():
+    logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))
+    index = torch.tensor([0, 3, 10, 2, 2])
+    expected = torch.log_softmax(logits, -1).gather(-1, index.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(selective_log_softmax(logits, index), expected, atol=1e-6)
+
+
+def test_adapter_disabled_logprobs_equal_the_base_models(adapters, test_cache_dir):
+    tokenizer, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
+    _, _, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                              implicit_prm=False)
+    prompt, answer = tokens(tokenizer, "Guess a number from 1 to 10."), tokens(tokenizer, "GUESS: 7<|im_end|>")
+    with torch.no_grad():
+        expected = torch.log_softmax(base(input_ids=torch.tensor([prompt + answer])).logits[0].float(), -1)
+    expected = expected[len(prompt) - 1:-1].gather(-1, torch.tensor(answer).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(reference_logprobs(model, prompt, answer), expected, atol=1e-5)
+    model.eval()
+    with torch.no_grad():
+        adapted = answer_logprobs(model, prompt, answer)
+    assert (adapted - expected).abs().max() > 1e-2   # the adapter does change the model
+
+
+def test_token_rewards_equal_beta_times_the_log_ratio_of_two_separate_models(adapters, test_cache_dir):
+    """The implicit PRM's adapter (adapters[1]) and its reference (adapters[0]) on one base, against two models."""
+    from peft import PeftModel
+
+    _, _, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                              implicit_prm=True)
+    model.load_adapter(adapters[1], adapter_name="phi", is_trainable=True)
+    implicit = prime.ImplicitPRM(model, beta=0.05, adapter="phi", reference=prime.REFERENCE_ADAPTER)
+    model.eval()
+    tokenizer = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))[0]
+    turn = Turn(tokens(tokenizer, "Which word does not belong?"), tokens(tokenizer, "ANSWER: table<|im_end|>"))
+
+    def separate(adapter):
+        _, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
+        peft_model = PeftModel.from_pretrained(base, adapter).eval()
+        with torch.no_grad():
+            logits = peft_model(input_ids=torch.tensor([turn.prompt_ids + turn.completion_ids])).logits[0]
+        positions = logits[len(turn.prompt_ids) - 1:-1].float()
+        return torch.log_softmax(positions, -1).gather(-1, torch.tensor(turn.completion_ids).unsqueeze(-1)).squeeze(-1)
+
+    expected = 0.05 * (separate(adapters[1]) - separate(adapters[0]))
+    with torch.no_grad():
+        rewards = implicit.beta * implicit.log_ratios(turn)
+    assert expected.abs().max() > 1e-3 and torch.allclose(rewards, expected, atol=1e-5)
+    assert implicit.score(turn) == pytest.approx(float(expected.sum()), abs=1e-5)
+
+
+def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir):
+    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                                      implicit_prm=True)
+    model.train()
+    implicit = prime.ImplicitPRM(model, beta=0.5)
+    prompt = tokens(tokenizer, "Guess a number from 1 to 2.")
+    sequences = [Sequence(f"e{i}", "Player 1", [Turn(prompt, tokens(tokenizer, f"GUESS: {answer}<|im_end|>"))],
+                          success=answer == 1) for i, answer in enumerate([1, 2, 1, 2])]
+    optimizer = torch.optim.AdamW(implicit.parameters(), lr=3e-2)
+    losses = []
+    for _ in range(6):
+        stats, _ = implicit.accumulate_gradients(sequences)
+        losses.append(stats["bce"])
+        optimizer.step()
+        optimizer.zero_grad()
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6)   # PRM == reference at the start: sigmoid(0)
+    assert losses[-1] < 0.5 * losses[0]
+    assert stats["accuracy"] == 1.0
+
+
+def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters, test_cache_dir):
+    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                                      implicit_prm=False)
+    model.eval()   # no dropout: both passes see the same function
+    turns = []
+    for prompt, answer, advantage in [("Guess a number.", "GUESS: 5<|im_end|>", 0.5),
+                                      ("Which word?", "ANSWER: table<|im_end|>", -1.0), ("Hello!", "Hi<|im_end|>", 0.0)]:
+        completion = tokens(tokenizer, answer)
+        turns.append(Turn(tokens(tokenizer, prompt), completion, advantages=[advantage] * len(completion), kl_beta=0.1))
+    normaliser = trainer.step_normaliser(turns, "tokens", 24)
+    params = trainer.adapter_parameters(model, trainer.POLICY_ADAPTER)
+    trainer.accumulate_policy_gradients(model, turns, kl_beta=0.1, normaliser=normaliser)
+    per_turn = [param.grad.clone() for param in params]
+    for param in params:
+        param.grad = None
+    total = 0
+    for turn in turns:   # the third turn has zero advantages but a KL term: it is trained too
+        logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids)
+        reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids)
+        total = total + trainer.turn_loss(logp, reference, torch.tensor(turn.advantages), 0.1, normaliser)[0]
+    total.backward()
+    assert any(g.abs().max() > 0 for g in per_turn)
+    for param, grad in zip(params, per_turn):
+        assert torch.allclose(param.grad, grad, atol=1e-6, rtol=1e-4)
+
+
+# -------------------------------------------------------------------------------------- real learning
+
+
+@pytest.fixture(scope="module")
+def half_and_half_sft(tmp_path_factory, forced_prompt, test_cache_dir):
+    """An SFT adapter that answers the forced game's prompt with "GUESS: 1" or "GUESS: 2", half each."""
+    folder = tmp_path_factory.mktemp("forced-sft")
+    rows = [{"messages": forced_prompt + [{"role": "assistant", "content": f"GUESS: {1 + i % 2}"}],
+             "meta": {"game": "guessnumber", "experiment": "forced", "task_id": i, "player_name": "Player 1",
+                      "game_role": "Guesser", "model": "test", "outcome": "success"}} for i in range(16)]
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tiny_config(sft={"lr": 5e-3, "epochs": 4, "batch_size": 8, "grad_accum": 1, "warmup_ratio": 0.0,
+                              "max_examples": None, "validation_fraction": 0.0,
+                              "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}})
+    settings = {name: config[name] for name in ("seed", "model", "sft")}
+    sft.train_sft(settings, str(folder / "data.jsonl"), str(folder / "adapter"), str(folder / "metrics.json"),
+                  test_cache_dir)
+    return str(folder / "adapter")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "prime"])
+def test_rl_steps_raise_the_winning_answers_probability(algorithm, half_and_half_sft, forced_prompt,
+                                                         test_cache_dir):
+    settings = rl_settings(algorithm=algorithm, steps=4, group_size=8, instances_per_step=2, temperature=1.0,
+                           lr=2e-2, warmup_ratio=0.0, max_new_tokens=8, prime={"lr": 1e-2})
+    cfg, tokenizer, model = trainer.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
+                                                        implicit_prm=algorithm == "prime")
+    rl = trainer.RLTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
+    prompt = tokens(tokenizer, rl.policy.render(forced_prompt))
+    win, lose = tokens(tokenizer, "GUESS: 1<|im_end|>"), tokens(tokenizer, "GUESS: 2<|im_end|>")
+
+    def log_odds() -> float:
+        model.eval()
+        with torch.no_grad(), using_adapter(model, trainer.POLICY_ADAPTER):
+            return float(answer_logprobs(model, prompt, win).sum() - answer_logprobs(model, prompt, lose).sum())
+
+    before = log_odds()
+    assert abs(before) < 1.5   # the SFT policy has no preference yet
+    weights = {name: param.detach().clone() for name, param in model.named_parameters()}
+    rl.rollouts([FORCED], step=99)   # generation merges the adapter into the base and unmerges it afterwards
+    assert all(torch.allclose(param, weights[name], atol=1e-6) for name, param in model.named_parameters())
+    assert log_odds() == pytest.approx(before, abs=1e-4)
+    history = [rl.step([FORCED, FORCED], step) for step in range(4)]
+    after = log_odds()
+    assert after > before + 1.0, (before, after, [h["reward"] for h in history])
+    assert history[0]["trained_turns"] > 0 and history[0]["grad_norm"] > 0
+    assert history[0]["kl"] is not None and history[0]["tokens"]["trained"] > 0
+    if algorithm == "prime":
+        assert all(h["implicit_prm"]["bce"] is not None for h in history)
+        # the PRM starts equal to its reference (no process signal), then moves: process advantages appear
+        assert history[0]["process_advantage"]["std"] == 0.0 and history[-1]["process_advantage"]["std"] > 0
+
+
+def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_dir, tmp_path):
+    from peft import PeftModel
+
+    settings = rl_settings(algorithm="prime", steps=2, group_size=2, instances_per_step=2, max_new_tokens=8)
+    metrics = trainer.train_rl(settings, half_and_half_sft, str(tmp_path / "rl"), str(tmp_path / "metrics.json"),
+                               test_cache_dir)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written == metrics and written["status"] == "trained" and len(written["history"]) == 2
+    assert written["config"]["rl"]["algorithm"] == "prime" and "peft" in written["versions"]
+    step = written["history"][0]
+    for key in ("reward", "success_rate", "percent_played", "advantage", "kl", "implicit_prm", "grad_norm",
+                "tokens", "seconds"):
+        assert key in step
+    assert {"bce", "accuracy"} <= set(step["implicit_prm"])
+    for folder in (tmp_path / "rl", tmp_path / "rl" / "prm"):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "tiny:0" and (folder / "adapter_model.safetensors").is_file()
+    _, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
+    PeftModel.from_pretrained(base, str(tmp_path / "rl"))   # loads as a plain policy adapter
+    # the implicit PRM as a best-of-N scorer: beta * sum log-ratio of the candidate against the SFT adapter
+    pairs = [([{"role": "user", "content": "Guess a number from 1 to 2."}], answer) for answer in ("GUESS: 1", "x")]
+    trained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(tmp_path / "rl"), half_and_half_sft,
+                                beta=0.05, cache_dir=test_cache_dir)
+    scores = trained.score(pairs)
+    assert all(math.isfinite(score) for score in scores) and scores[0] != scores[1]
+    assert trained.stats.pairs == 2
+    untrained_rl = tmp_path / "untrained"
+    shutil.copytree(half_and_half_sft, untrained_rl / "prm")   # the PRM equal to its reference: every score 0
+    untrained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(untrained_rl), half_and_half_sft, beta=0.05,
+                                  cache_dir=test_cache_dir)
+    assert untrained.score(pairs) == [0.0, 0.0]
+    with pytest.raises(FileNotFoundError, match="rl.algorithm: prime"):
+        load_implicit_prm({"spec": "tiny:0"}, str(tmp_path), half_and_half_sft, beta=0.05, cache_dir=test_cache_dir)
+    # ... and as the scorer of the eval mode best_of_n_implicit (the rule's params: the mode's eval keys + rl)
+    config = tiny_config(games={"max_instances": {"train": 1, "validation": 1, "test": 1}},
+                         eval={"n": 2, "max_new_tokens": 8})
+    mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": config["rl"]}
+    rows = evaluation.evaluate_mode("best_of_n_implicit", mode_settings, str(tmp_path / "implicit.parquet"),
+                                    test_cache_dir, sft_adapter=half_and_half_sft, rl_adapter=str(tmp_path / "rl"))
+    assert len(rows) == 3 and all(row["search_nodes"] == 2 * row["n_turns"] for row in rows)
+    assert sum(row["prm_pairs"] for row in rows) > 0
+    run = records.read_provenance(tmp_path / "implicit.parquet")["run"]
+    assert run["prm"]["adapter"] == f"{tmp_path / 'rl'}/prm" and run["prm"]["stats"]["pairs"] > 0
