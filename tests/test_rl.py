@@ -31,13 +31,13 @@ def rl_settings(**rl) -> dict:
     return {name: config[name] for name in ("seed", "model", "games", "rl")}
 
 
-def random_adapter(path, seed: int, test_cache_dir: str) -> str:
+def random_adapter(path, seed: int, test_cache_dir: str, dropout: float = 0.0) -> str:
     """A LoRA with random A and B (so it changes the model) saved at ``path``."""
     from peft import LoraConfig, get_peft_model
 
     _, model = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear",
                                                   init_lora_weights=False))
     peft_model.save_pretrained(str(path))
     return str(path)
@@ -175,6 +175,19 @@ def test_token_rewards_equal_beta_times_the_log_ratio_of_two_separate_models(ada
         rewards = implicit.beta * implicit.log_ratios(turn)
     assert expected.abs().max() > 1e-3 and torch.allclose(rewards, expected, atol=1e-5)
     assert implicit.score(turn) == pytest.approx(float(expected.sum()), abs=1e-5)
+
+
+def test_implicit_prm_equals_its_reference_at_the_start_even_in_train_mode(tmp_path, test_cache_dir):
+    """The implicit PRM starts as the SFT adapter, like its reference: its token rewards are exactly 0 then, also
+    when the SFT adapter has LoRA dropout and the model is in train mode (dropout would make them noise)."""
+    sft_adapter = random_adapter(tmp_path / "sft", 3, test_cache_dir, dropout=0.5)
+    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, sft_adapter, test_cache_dir,
+                                                      implicit_prm=True)
+    model.train()
+    implicit = prime.ImplicitPRM(model, beta=0.05)
+    turn = Turn(tokens(tokenizer, "Guess a number from 1 to 2."), tokens(tokenizer, "GUESS: 1<|im_end|>"))
+    with torch.no_grad():
+        assert torch.equal(implicit.log_ratios(turn), torch.zeros(len(turn.completion_ids)))
 
 
 def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir):

@@ -75,10 +75,21 @@ def load_training_model(model_settings: dict, sft_adapter: str, cache_dir: str |
         for name, param in model.named_parameters():  # set_adapter froze all but the active adapter
             if f".{PRM_ADAPTER}." in name:
                 param.requires_grad_(True)
+        without_lora_dropout(model, PRM_ADAPTER)
     for param in model.parameters():   # LoRA weights train in fp32 (as SFT keeps them on CPU)
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()
     return cfg, tokenizer, model
+
+
+def without_lora_dropout(model, adapter: str) -> None:
+    """No LoRA dropout on ``adapter``. For the implicit PRM: its log-ratio to the (dropout-free, frozen) reference
+    is a reward, so dropout would make it noise; at step 0, when the PRM still equals its reference, the process
+    advantages must be exactly 0."""
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict) and adapter in dropouts:
+            dropouts[adapter] = torch.nn.Identity()
 
 
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
