@@ -90,6 +90,9 @@ _EVAL_SAMPLING = ("n", "temperature", "top_p")
 EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
                   "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
                   "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation")}
+# the searches ranking candidates by the policy's own mean token log-probability instead of the PRM
+EVAL_MODE_KEYS.update({"best_of_n_logprob": EVAL_MODE_KEYS["best_of_n"],
+                       "beam_search_logprob": EVAL_MODE_KEYS["beam_search"]})
 EVAL_PRM_MODES = ("best_of_n", "beam_search")
 
 

@@ -178,3 +178,29 @@ def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
     assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
     other = [([{"role": "user", "content": "Another game"}], candidate) for _, candidate in pairs[:50]]
     assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(test_cache_dir):
+    from clemprm.stages import load_policy
+    return load_policy(tiny_config()["model"], test_cache_dir)
+
+
+def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_policy):
+    import torch
+
+    from clemprm.search.logprob import LogprobScorer
+
+    short = [{"role": "user", "content": "Guess a number."}]
+    long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
+    pairs = [(short, "GUESS: 5"), (long, "ANSWER: chair"), (short, "GUESS: 12 please"), (long, "pear"), (short, "")]
+    scores = LogprobScorer(tiny_policy).score(pairs)
+    tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
+    for (prefix, candidate), score in zip(pairs, scores):  # each pair alone, unpadded
+        prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
+        logprobs = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.tensor(answer)[:, None])
+        assert score == pytest.approx(logprobs.mean().item(), abs=1e-4)
+    assert len(set(scores)) == len(pairs)
