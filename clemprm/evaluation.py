@@ -20,8 +20,8 @@ rate are averaged over games (a game without a played episode has no quality and
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
 episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base``,
-``random_of_n`` and ``best_of_n_logprob`` use paired draws: the same resampled instances for both modes. Draws are seeded per game from
-``seed``.
+``random_of_n`` and ``best_of_n_logprob`` use paired draws: the same resampled instances for both modes. Draws are
+seeded per game from ``seed``.
 """
 
 from __future__ import annotations
