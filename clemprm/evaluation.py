@@ -112,8 +112,8 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
     always picks with a :class:`~clemprm.search.RandomScorer`; the ``*_logprob`` modes score with a
-    :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance also holds the run:
-    policy, PRM adapter, wall seconds of play, model counters, and the warnings of ``on_failure: continue`` (a mode
+    :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance
+    also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of ``on_failure: continue`` (a mode
     in which every episode of a game failed otherwise fails, :mod:`clemprm.checks.run_time`).
     """
     if mode not in MODES:
