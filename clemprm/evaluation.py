@@ -113,8 +113,9 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
     always picks with a :class:`~clemprm.search.RandomScorer`; the ``*_logprob`` modes score with a
     :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance
-    also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of ``on_failure: continue`` (a mode
-    in which every episode of a game failed otherwise fails, :mod:`clemprm.checks.run_time`).
+    also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of
+    ``on_failure: continue`` (a mode in which every episode of a game failed otherwise fails,
+    :mod:`clemprm.checks.run_time`).
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")

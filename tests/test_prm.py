@@ -22,8 +22,8 @@ def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: 
     episode_id = f"{game}/{experiment}/{game_id}/0"
     scores = [100.0] * round(8 * label) + [0.0] * (8 - round(8 * label))
     # the turns of an instance share their prefix: siblings of one state
-    return {"bp_id": f"{episode_id}/{turn}", "prefix_id": f"{episode_id}/0", "episode_id": episode_id, "game": game, "experiment": experiment,
-            "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
+    return {"bp_id": f"{episode_id}/{turn}", "prefix_id": f"{episode_id}/0", "episode_id": episode_id, "game": game,
+            "experiment": experiment, "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
             "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True, "seed": turn,
             "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
             "rollout_scores": scores, "n_aborted": 0, "n_success": round(8 * label), "n_capped": 0, "new_tokens": 0,
