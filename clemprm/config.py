@@ -92,6 +92,9 @@ EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "greedy_r
                   "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING, "best_of_n_implicit": _EVAL_PLAY + _EVAL_SAMPLING,
                   "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation"),
                   "greedy_merged": _EVAL_PLAY}
+# the searches ranking candidates by the policy's own mean token log-probability instead of the PRM
+EVAL_MODE_KEYS.update({"best_of_n_logprob": EVAL_MODE_KEYS["best_of_n"],
+                       "beam_search_logprob": EVAL_MODE_KEYS["beam_search"]})
 EVAL_PRM_MODES = ("best_of_n", "beam_search")
 
 

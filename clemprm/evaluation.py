@@ -13,6 +13,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
                  fp32 it plays the episodes of ``greedy_sft``; only played when listed in ``eval.modes``
 ``best_of_n_implicit``  ``best_of_n`` with PRIME's implicit PRM (:mod:`clemprm.rl.implicit_scorer`) instead of the
                  Monte-Carlo PRM: the same candidates (same seeds), another ranking
+``best_of_n_logprob``, ``beam_search_logprob``  the same searches ranking by the policy's own mean token
+                 log-probability (:mod:`clemprm.search.logprob`): the PRM-free pick a PRM must beat
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -22,9 +24,9 @@ episodes), clemscore and success rate. Overall is clembench's macro average: % p
 rate are averaged over games (a game without a played episode has no quality and is left out of that mean),
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
-episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base`` and
-``random_of_n`` use paired draws: the same resampled instances for both modes. Draws are seeded per game from
-``seed``.
+episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base``,
+``random_of_n`` and ``best_of_n_logprob`` use paired draws: the same resampled instances for both modes. Draws are
+seeded per game from ``seed``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from clemprm.labels import sft_policy_settings
 from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
+from clemprm.search.logprob import LogprobScorer
 from clemprm.sft import write_json
 from clemprm.stages import load_policy, summarize
 
@@ -55,8 +58,9 @@ log = logging.getLogger(__name__)
 
 MODES = tuple(EVAL_MODE_KEYS)
 PRM_MODES = EVAL_PRM_MODES
+LOGPROB_MODES = ("best_of_n_logprob", "beam_search_logprob")  # scored by the policy's mean token log-probability
 SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
-BASELINES = ("greedy_sft", "greedy_base", "random_of_n")
+BASELINES = ("greedy_sft", "greedy_base", "random_of_n", "best_of_n_logprob")
 METRICS = ("percent_played", "quality", "clemscore", "success_rate")
 OVERALL = "overall"
 SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
@@ -75,14 +79,14 @@ def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
 def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
-    if mode in ("best_of_n", "best_of_n_implicit"):
+    if mode in ("best_of_n", "best_of_n_implicit", "best_of_n_logprob"):
         return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
     if mode == "random_of_n":
         costs = best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
         for cost in costs:
             cost.prm_pairs = 0  # a random pick scores nothing
         return episodes, costs
-    if mode == "beam_search":
+    if mode in ("beam_search", "beam_search_logprob"):
         return beam_search(engine, episodes, prm, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
                            iterations=eval_settings["num_beam_iterations"], sampling=engine.sampling,
                            aggregation=eval_settings["aggregation"])
@@ -113,9 +117,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
-    always picks with a :class:`~clemprm.search.RandomScorer`). The parquet's provenance also holds the run:
-    policy, PRM adapter, wall seconds of play, model counters, and the warnings of ``on_failure: continue`` (a mode
-    in which every episode of a game failed otherwise fails, :mod:`clemprm.checks.run_time`).
+    always picks with a :class:`~clemprm.search.RandomScorer`; the ``*_logprob`` modes score with a
+    :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance
+    also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of
+    ``on_failure: continue`` (a mode in which every episode of a game failed otherwise fails,
+    :mod:`clemprm.checks.run_time`).
     ``merged_model``: the merged SFT folder (:mod:`clemprm.merge`) that ``greedy_merged`` plays.
     """
     if mode not in MODES:
@@ -148,6 +154,8 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         prm_adapter = f"{rl_adapter}/prm"
     if mode == "random_of_n":
         prm = RandomScorer(settings["seed"])
+    if mode in LOGPROB_MODES and prm is None:
+        prm = LogprobScorer(policy)
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
     log.info("eval %s: %d %s instances x %d episodes, policy %s", mode, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
@@ -161,7 +169,8 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
     log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
     warnings = split_warnings + check_episodes(f"eval {mode}", rows, on_failure)
-    run = {**run_info(mode, seconds, policy, prm if mode in PRM_MODES + ("best_of_n_implicit",) else None, prm_adapter), "warnings": warnings}
+    scorer = prm if mode in PRM_MODES + LOGPROB_MODES + ("best_of_n_implicit",) else None
+    run = {**run_info(mode, seconds, policy, scorer, prm_adapter), "warnings": warnings}
     records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
     log.info("eval %s -> %s", mode, output)
     return rows

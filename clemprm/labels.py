@@ -4,6 +4,12 @@ Branch points
     The SFT policy (base + SFT adapter) plays the train split; every LLM turn is a branch point: the prefix
     the player saw, its answer (the candidate), and the answers of the whole episode up to it (``history``).
     A trajectory with more turns than ``branch_points.max_per_episode`` is subsampled evenly along it.
+    With ``branch_points.siblings: M`` > 1, M - 1 more answers are sampled from the same prefix (the game state
+    before the candidate, rebuilt by replay; one ``generate`` call for all of them, seeded from the branch point):
+    the distinct ones that differ from the played candidate become branch points of their own
+    (``<prefix_id>/s<j>``), with the played one's prefix and ``prefix_id``, so the siblings of a state group and a
+    PRM can be measured on the comparison a search makes. ``episode_*`` keep describing the sampled trajectory
+    the prefix comes from.
 
 Soft labels
     A branch point's game state is rebuilt by replaying its ``history``: games are deterministic given the
@@ -22,8 +28,9 @@ Soft labels
     game; a branch point left without any scored continuation gets no label. The shard goes on either way.
 
 Sharding and resumption
-    Shard s of S takes branch points s, s+S, s+2S, ... Every random choice derives from the branch point's own
-    seed, never from the shard or the batch, so the gathered labels do not depend on S. A shard labels its
+    Shard s of S takes the prefixes s, s+S, s+2S, ... with all their siblings (one replay of a state serves them
+    all, and their continuations share the prefix in the generator's batches). Every random choice derives from
+    the branch point's own seed, never from the shard or the batch, so the gathered labels do not depend on S. A shard labels its
     branch points in chunks of ``labels.checkpoint_every`` and appends each finished chunk to a checkpoint folder
     beside its output; a shard that is killed and rerun skips what its checkpoint holds (the checkpoint is
     discarded when the settings or the branch points changed; an unreadable part alone, with a warning).
@@ -75,7 +82,7 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
         turn = turns[index]
         bp_id = f"{episode['episode_id']}/{turn['turn_idx']}"
         rows.append({
-            "bp_id": bp_id, "episode_id": episode["episode_id"], "game": episode["game"],
+            "bp_id": bp_id, "prefix_id": bp_id, "episode_id": episode["episode_id"], "game": episode["game"],
             "experiment": episode["experiment"], "game_id": episode["game_id"], "split": episode["split"],
             "turn_idx": turn["turn_idx"], "player": turn["player"], "game_role": turn["game_role"],
             "prefix": turn["messages"], "candidate": turn["response"], "history": history[:index + 1],
@@ -101,6 +108,9 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
                            base_seed=settings["seed"], stage="branch_points", policy_name=policy.name)
     rows = [row for episode in episodes
             for row in branch_points_of(episode, bp_settings["max_per_episode"], settings["seed"])]
+    if bp_settings["siblings"] > 1:
+        rows = with_siblings(engine, BranchPointStates(engine, catalog, policy, settings["seed"]), rows,
+                             bp_settings["siblings"], settings["seed"])
     check_episodes("branch_points", episodes, on_failure)
     check_not_empty("branch_points", "branch points", len(rows),
                     f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} failed",
@@ -110,6 +120,39 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     log.info("branch points: %d from %d SFT-policy episodes -> %s\n%s", len(rows), len(episodes), output,
              summarize(episodes))
     return rows
+
+
+def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list[dict], siblings: int,
+                  base_seed: int) -> list[dict]:
+    """``rows`` each followed by its siblings: ``siblings - 1`` answers sampled from its prefix in one ``propose``
+    call, of which the distinct ones that differ from the candidate are kept, each with the game's verdict on it
+    (``parse_ok``) and its own seed. An answer the policy or the game failed on is left out (logged)."""
+    before = states.states_before(rows)
+    for state, bp in zip(before, rows):  # fresh samples, not the played candidate again
+        state.seed = derive_seed(base_seed, "siblings", bp["bp_id"])
+    proposals = engine.propose(before, siblings - 1)
+    out, duplicates, failed = [], 0, 0
+    for bp, state, candidates in zip(rows, before, proposals):
+        out.append(bp)
+        seen = {bp["candidate"]}
+        for j, generation in enumerate(candidates, start=1):
+            if generation.error is None and generation.text in seen:
+                duplicates += 1
+                continue
+            played = state.fork()
+            engine.apply(played, generation)
+            if played.error is not None:
+                failed += 1
+                log.warning("branch point %s: sibling %d left out: %s", bp["bp_id"], j, played.error)
+                continue
+            seen.add(generation.text)
+            sibling_id = f"{bp['prefix_id']}/s{j}"
+            out.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
+                        "history": bp["history"][:-1] + [generation.text], "parse_ok": played.turns[-1]["parse_ok"],
+                        "seed": derive_seed(base_seed, "soft_labels", sibling_id)})
+    log.info("siblings: %d prefixes, %d sampled answers, %d kept, %d duplicates of an earlier sibling, %d failed",
+             len(rows), (siblings - 1) * len(rows), len(out) - len(rows), duplicates, failed)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ soft labels
@@ -236,6 +279,16 @@ class BranchPointStates:
     def states(self, bps: list[dict]) -> list[Episode]:
         """One episode per branch point, at the state after its candidate (:class:`ReplayDivergence` when the replay
         does not reproduce it)."""
+        states = self.states_before(bps)
+        for bp, state in zip(bps, states):
+            self.engine.replay(state, [bp["candidate"]])
+            self._check_reproduces(state, bp)
+        return states
+
+    def states_before(self, bps: list[dict]) -> list[Episode]:
+        """One episode per branch point (id and seed its own), at the state before its candidate: the player waits
+        for an answer to the branch point's prefix. All but the last answer of ``history`` are the sampled
+        trajectory's, so one replay per episode serves all its branch points and their siblings."""
         by_episode: dict[str, list[int]] = {}
         for index, bp in enumerate(bps):
             by_episode.setdefault(bp["episode_id"], []).append(index)
@@ -247,8 +300,7 @@ class BranchPointStates:
                                        game_seed(self.base_seed, episode_id))
             for index in indices:
                 bp = bps[index]
-                self.engine.replay(replay, bp["history"][len(replay.turns):])
-                self._check_reproduces(replay, bp)
+                self.engine.replay(replay, bp["history"][len(replay.turns):-1])
                 states[index] = replay.fork(bp["bp_id"], seed=bp["seed"])
         return states
 
@@ -361,12 +413,20 @@ def shard_fingerprint(settings: dict, bp_path: str | Path, shard: int, shards: i
     return digest.hexdigest()
 
 
+def shard_rows(bps: list[dict], shard: int, shards: int) -> list[dict]:
+    """The branch points of prefixes ``shard, shard + shards, ...`` (in order of first appearance), siblings
+    included; with one candidate per prefix, branch points ``shard, shard + shards, ...``."""
+    prefixes = list(dict.fromkeys(bp["prefix_id"] for bp in bps))
+    mine = set(prefixes[shard::shards])
+    return [bp for bp in bps if bp["prefix_id"] in mine]
+
+
 def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, shard: int, shards: int, output: str,
                       cache_dir: str | None = None, threads: int | None = None, policy=None) -> list[dict]:
     """Label branch points ``shard, shard + shards, ...`` of ``bp_path``, resuming from the shard's checkpoint.
     ``threads`` (the job's threads) overrides ``model.threads``, so shards can share a machine."""
     label_settings = settings["labels"]
-    mine = records.read_records(bp_path, records.BRANCH_POINTS)[shard::shards]
+    mine = shard_rows(records.read_records(bp_path, records.BRANCH_POINTS), shard, shards)
     checkpoint = ShardCheckpoint(output, shard_fingerprint(settings, bp_path, shard, shards))
     done = {row["bp_id"]: row for row in checkpoint.load()}
     todo = [bp for bp in mine if bp["bp_id"] not in done]

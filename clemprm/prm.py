@@ -39,6 +39,10 @@ Metrics
     the labels, AUROC of ``label > 0.5`` (null when one class is missing), a 10-bin calibration table; and the
     same for two baselines that know no candidate: the train-side mean label, and the train-side mean label of
     the candidate's game. A PRM that only beats the first has learned "which game is this", not "which move".
+    On the validation side also two baselines that read the candidate (its length, the SFT policy's mean token
+    log-probability of it: correlations and AUROC), and ``ranking``: what a search needs, the within-prefix
+    pairwise accuracy and top-1 regret among siblings (``branch_points.siblings``) of the PRM and every baseline,
+    with bootstrap intervals over instances (``prm.bootstrap_samples``, ``prm.ci``).
 """
 
 from __future__ import annotations
@@ -355,6 +359,8 @@ class Example:
     truncated: bool
     label: float
     key: tuple[str, str, str]
+    prefix_id: str = ""      # the state the candidate answers: siblings (branch_points.siblings) share it
+    row: int = -1            # index of its soft-label row
 
 
 def instance_key(row: dict) -> tuple[str, str, str]:
@@ -374,7 +380,8 @@ def read_labels(path: str | Path) -> list[dict]:
 
 def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int) -> list[Example]:
     return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], chat_template_kwargs, max_length),
-                    label=float(row["label"]), key=instance_key(row)) for row in rows]
+                    label=float(row["label"]), key=instance_key(row), prefix_id=row.get("prefix_id") or row["bp_id"],
+                    row=index) for index, row in enumerate(rows)]
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -465,6 +472,77 @@ def baseline_metrics(train: list[Example], sides: dict[str, list[Example]]) -> d
     baselines["constant_mean"]["value"] = overall
     baselines["game_mean"]["values"] = game_means
     return baselines
+
+
+def rank_metrics(scores: list[float], labels: list[float]) -> dict | None:
+    """The scale-free part of :func:`prediction_metrics`, for scores that are no probabilities (a length, a
+    log-probability): correlations with the labels and AUROC of ``label > 0.5``."""
+    if not labels:
+        return None
+    return {"n": len(labels), "pearson": pearson(scores, labels), "spearman": spearman(scores, labels),
+            "auroc": auroc(scores, labels)}
+
+
+def sibling_statistics(scores: list[float], labels: list[float]) -> tuple[float, int, float]:
+    """``(concordant, pairs, regret)`` of one prefix's siblings: over the sibling pairs with different labels,
+    1 when the higher-labelled one scores higher, 1/2 on a score tie; and the best label minus the label of the
+    pick, the top score (ties: their mean label, what a random tie-break picks on average)."""
+    concordant, pairs = 0.0, 0
+    for i in range(len(labels)):
+        for j in range(i + 1, len(labels)):
+            if labels[i] != labels[j]:
+                pairs += 1
+                agree = (scores[i] - scores[j]) * (labels[i] - labels[j])
+                concordant += 1.0 if agree > 0 else 0.5 if scores[i] == scores[j] else 0.0
+    top = max(scores)
+    picked = [label for score, label in zip(scores, labels) if score == top]
+    return concordant, pairs, max(labels) - sum(picked) / len(picked)
+
+
+def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], samples: int, seed: int,
+                    ci: float) -> dict:
+    """What a search needs of a scorer, on the prefixes of ``examples`` with two or more siblings: within-prefix
+    pairwise accuracy (among siblings with different labels) and top-1 regret, overall (pooled over prefixes) and
+    per game, with percentile bootstrap intervals over instances resampled within each game (the helpers of
+    :mod:`clemprm.evaluation`; the same draws for every scorer, so their intervals compare on equal terms)."""
+    import numpy as np
+    import pandas as pd
+
+    from clemprm.evaluation import OVERALL, bootstrap_weights, interval
+
+    by_prefix = collections.defaultdict(list)
+    for index, example in enumerate(examples):
+        by_prefix[example.prefix_id].append(index)
+    groups = [indices for indices in by_prefix.values() if len(indices) > 1]
+    instances = sorted({examples[g[0]].key for g in groups})
+    games = sorted({key[0] for key in instances})
+    result = {"prefixes": len(groups), "siblings": sum(map(len, groups)), "instances": len(instances),
+              "pairs_with_different_labels": sum(sibling_statistics([0.0] * len(g), [examples[i].label for i in g])[1]
+                                                 for g in groups),
+              "scorers": {}}
+    if not groups:
+        return result
+    tables = {game: pd.DataFrame(index=[key for key in instances if key[0] == game]) for game in games}
+    weights = bootstrap_weights(tables, samples, seed)
+    for name, scores in scorers.items():
+        # per game, per instance: concordant, pairs, regret sum, prefixes
+        sums = {game: np.zeros((len(table), 4)) for game, table in tables.items()}
+        for g in groups:
+            key = examples[g[0]].key
+            concordant, pairs, regret = sibling_statistics([scores[i] for i in g], [examples[i].label for i in g])
+            sums[key[0]][tables[key[0]].index.get_loc(key)] += (concordant, pairs, regret, 1)
+        entry = {}
+        for group, members in [(game, [game]) for game in games] + [(OVERALL, games)]:
+            point = sum(sums[game].sum(axis=0) for game in members)
+            draws = sum(weights[game] @ sums[game] for game in members)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                entry[group] = {
+                    "pairwise_accuracy": interval(point[0] / point[1] if point[1] else math.nan,
+                                                  draws[:, 0] / draws[:, 1], ci),
+                    "top1_regret": interval(point[2] / point[3], draws[:, 2] / draws[:, 3], ci),
+                    "pairs": int(point[1]), "prefixes": int(point[3])}
+        result["scorers"][name] = entry
+    return result
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -581,20 +659,56 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_seconds": round(train_seconds, 2)}
 
 
-def _evaluate(scorer: PRMScorer, train: list[Example], validation: list[Example]) -> dict:
-    """Prediction metrics of the trained PRM and of the baselines, per side (validation: None when empty)."""
+def _evaluate(scorer: PRMScorer, train: list[Example], validation: list[Example], rows: list[dict],
+              policy_logprobs: dict[int, float], prm: dict, seed: int) -> dict:
+    """Prediction metrics of the trained PRM and of the baselines, per side (validation: None when empty); on the
+    validation side also the candidate-aware baselines (the candidate's length in characters, the policy's mean
+    token log-probability of it, ``policy_logprobs`` by row) and every scorer's within-prefix ranking
+    (:func:`ranking_metrics`; ``constant_mean`` ties all siblings: the expected pick of a random choice)."""
     sides = {"train": train, "validation": validation}
-    evaluation = {}
+    evaluation, predictions = {}, {}
     for side, examples in sides.items():
-        predictions = scorer.score_ids([e.input_ids for e in examples]) if examples else []
-        evaluation[side] = prediction_metrics(predictions, [e.label for e in examples])
-    return {"evaluation": evaluation, "baselines": baseline_metrics(train, sides)}
+        predictions[side] = scorer.score_ids([e.input_ids for e in examples]) if examples else []
+        evaluation[side] = prediction_metrics(predictions[side], [e.label for e in examples])
+    baselines = baseline_metrics(train, sides)
+    labels = [e.label for e in validation]
+    candidate_scores = {"candidate_length": [float(len(rows[e.row]["candidate"])) for e in validation],
+                        "policy_logprob": [policy_logprobs[e.row] for e in validation]}
+    for name, scores in candidate_scores.items():
+        baselines[name] = {"validation": rank_metrics(scores, labels)}
+    game_means = baselines["game_mean"]["values"]
+    scorers = {"prm": predictions["validation"], "constant_mean": [0.0] * len(validation),
+               "game_mean": [game_means.get(e.key[0], baselines["constant_mean"]["value"]) for e in validation],
+               **candidate_scores}
+    ranking = {"side": "validation", **ranking_metrics(validation, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
+    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking}
+
+
+def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list[dict], examples: list[Example],
+                       cache_dir: str | None) -> dict[int, float]:
+    """The SFT policy's (the base policy's without ``sft_adapter``) mean token log-probability of each example's
+    candidate after its prefix, by row (:func:`clemprm.search.logprob.mean_logprobs`); the policy is released
+    after."""
+    from clemprm.labels import sft_policy_settings
+    from clemprm.search.logprob import mean_logprobs
+    from clemprm.stages import load_policy
+
+    if not examples:
+        return {}
+    policy = load_policy(sft_policy_settings(model_settings, sft_adapter), cache_dir)
+    start = time.perf_counter()
+    scores = mean_logprobs(policy, [(rows[e.row]["prefix"], rows[e.row]["candidate"]) for e in examples])
+    log.info("prm: policy log-probabilities of %d validation candidates in %.0f s", len(examples),
+             time.perf_counter() - start)
+    del policy
+    return {e.row: score for e, score in zip(examples, scores)}
 
 
 def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None) -> dict:
+              cache_dir: str | None = None, sft_adapter: str | None = None) -> dict:
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
-    metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm."""
+    metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
+    policy whose log-probabilities are a baseline (None: the base policy)."""
     import transformers
     from peft import get_peft_model
 
@@ -648,14 +762,15 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             metrics.update(training)
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)
-            metrics.update(_evaluate(scorer, train, validation))
+            logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows, validation, cache_dir)
+            metrics.update(_evaluate(scorer, train, validation, rows, logprobs, prm, seed))
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
             log.warning("prm: no training examples; writing an untrained adapter")
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, history=[], evaluation={"train": None, "validation": None},
-                           baselines=None)
+                           baselines=None, ranking=None)
         save_adapter(model, cfg.spec, tmp_root, adapter_dir)
     finally:
         if tmp_root is not None:

@@ -62,7 +62,9 @@ INTERACTIONS = pa.schema([
 
 # One row per LLM turn of the SFT policy's trajectories (``branch_points``): the prefix the player saw and its answer.
 BRANCH_POINT_FIELDS = [
-    ("bp_id", pa.string()),            # "<episode_id>/<turn_idx>"
+    ("bp_id", pa.string()),            # "<episode_id>/<turn_idx>", a sibling "<episode_id>/<turn_idx>/s<j>"
+    ("prefix_id", pa.string()),        # "<episode_id>/<turn_idx>": the state the candidate answers; siblings
+                                       # (branch_points.siblings) share it
     ("episode_id", pa.string()),
     ("game", pa.string()),
     ("experiment", pa.string()),

@@ -140,6 +140,46 @@ rule beam_search:
         "../workflow_scripts/eval_mode.py"
 
 
+# best_of_n ranking by the policy's own mean token log-probability (no PRM)
+rule best_of_n_logprob:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+    output:
+        "results/eval/best_of_n_logprob.parquet",
+    params:
+        settings=eval_mode_params(config, "best_of_n_logprob"),
+    log:
+        "results/logs/best_of_n_logprob.log",
+    benchmark:
+        "results/benchmarks/best_of_n_logprob.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
+# beam_search ranking by the policy's own mean token log-probability (no PRM)
+rule beam_search_logprob:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+    output:
+        "results/eval/beam_search_logprob.parquet",
+    params:
+        settings=eval_mode_params(config, "beam_search_logprob"),
+    log:
+        "results/logs/beam_search_logprob.log",
+    benchmark:
+        "results/benchmarks/beam_search_logprob.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"
+
+
 rule eval_summary:
     input:
         expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),

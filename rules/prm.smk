@@ -5,6 +5,7 @@
 rule prm_adapter:
     input:
         labels="results/labels/soft_labels.parquet",
+        sft_adapter="results/sft/adapter",  # the policy whose log-probabilities are a baseline
     output:
         adapter=directory("results/prm/adapter"),
         metrics="results/prm/metrics.json",

@@ -47,7 +47,8 @@ def test_eval_mode_params_hold_only_what_the_mode_plays_by():
     assert "random_of_n" in config["eval"]["modes"] and "prm" not in params["random_of_n"]
     changed = load_config(overrides={"eval": {"bootstrap_samples": 7, "ci": 0.5, "modes": ["greedy_base"],
                                               "beam_width": 3}})
-    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(changed, mode) != params[mode]} == {"beam_search"}
+    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(changed, mode) != params[mode]} == {"beam_search",
+                                                                                             "beam_search_logprob"}
     sampled = load_config(overrides={"eval": {"temperature": 0.3}})
     assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(sampled, mode) != params[mode]} == \
-        {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit"}
+        {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit", "best_of_n_logprob", "beam_search_logprob"}

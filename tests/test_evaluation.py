@@ -113,7 +113,7 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     diff = summary["differences"]["greedy_sft"]["best_of_n"]["overall"]
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
-    assert set(summary["differences"]) == {"greedy_sft", "greedy_base", "random_of_n"}
+    assert set(summary["differences"]) == set(evaluation.BASELINES)
     assert set(summary["differences"]["greedy_base"]) == set(evaluation.MODES) - {"greedy_base"}
 
 
@@ -260,6 +260,10 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     rows = evaluation.evaluate_mode("best_of_n", settings, str(tmp_path / "best_of_n.parquet"),
                                     policy=load_policy(settings["model"], test_cache_dir), prm=prm)
     assert len(rows) == len(greedy) and all(r["search_nodes"] == 2 * r["n_turns"] for r in rows)
+    logprob_rows = evaluation.evaluate_mode("best_of_n_logprob", settings, str(tmp_path / "logprob.parquet"),
+                                            policy=load_policy(settings["model"], test_cache_dir))
+    logprob_run = records.read_provenance(tmp_path / "logprob.parquet")["run"]
+    assert sum(r["prm_pairs"] for r in logprob_rows) == logprob_run["prm"]["stats"]["pairs"] > 0
     scored = {}
     for pairs in prm.calls:
         for messages, candidate in pairs:

@@ -246,3 +246,30 @@ def test_a_checkpoint_part_after_a_discarded_one_gets_a_new_number(tmp_path):
     checkpoint.save([])
     assert sorted(p.name for p in checkpoint.folder.glob("part-*")) == [
         "part-00000.parquet", "part-00002.parquet", "part-00003.parquet"]
+
+
+def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_policy, tmp_path):
+    config = tiny_config(games={"builtin": ["guessnumber", "wordref"]}, branch_points={"siblings": 3})
+    settings = settings_for(config, k=2)
+    bp_path = tmp_path / "bp.parquet"
+    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
+    by_prefix = {}
+    for bp in bps:
+        by_prefix.setdefault(bp["prefix_id"], []).append(bp)
+    assert any(len(group) > 1 for group in by_prefix.values())
+    for prefix_id, group in by_prefix.items():
+        played, *siblings = group
+        assert played["bp_id"] == prefix_id and len(group) <= 3
+        assert len({bp["candidate"] for bp in group}) == len(group)
+        for sibling in siblings:
+            assert sibling["bp_id"].startswith(f"{prefix_id}/s") and sibling["prefix"] == played["prefix"]
+            assert sibling["history"] == played["history"][:-1] + [sibling["candidate"]]
+    assert len({bp["seed"] for bp in bps}) == len(bps)
+    one = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "one.parquet", policy=tiny_policy)
+    shard_paths = [tmp_path / f"{s}-of-2.parquet" for s in range(2)]
+    shards = [labels.soft_labels_shard(settings, bp_path, None, s, 2, path, policy=tiny_policy)
+              for s, path in enumerate(shard_paths)]
+    assert not {row["prefix_id"] for row in shards[0]} & {row["prefix_id"] for row in shards[1]}
+    gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet",
+                                         on_failure="continue")
+    assert [row["bp_id"] for row in one] == [bp["bp_id"] for bp in bps] and same_rows(gathered, one)

@@ -21,8 +21,9 @@ def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: 
                    label: float) -> dict:
     episode_id = f"{game}/{experiment}/{game_id}/0"
     scores = [100.0] * round(8 * label) + [0.0] * (8 - round(8 * label))
-    return {"bp_id": f"{episode_id}/{turn}", "episode_id": episode_id, "game": game, "experiment": experiment,
-            "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
+    # the turns of an instance share their prefix: siblings of one state
+    return {"bp_id": f"{episode_id}/{turn}", "prefix_id": f"{episode_id}/0", "episode_id": episode_id, "game": game,
+            "experiment": experiment, "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
             "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True, "seed": turn,
             "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
             "rollout_scores": scores, "n_aborted": 0, "n_success": round(8 * label), "n_capped": 0, "new_tokens": 0,
@@ -173,11 +174,37 @@ def test_training_separates_the_labels_and_beats_the_baselines(trained):
     assert validation["auroc"] > baselines["game_mean"]["validation"]["auroc"]
 
 
+def test_siblings_are_ranked_by_the_prm_and_the_baselines_on_held_out_prefixes(trained):
+    metrics = trained["metrics"]
+    ranking = metrics["ranking"]
+    assert ranking["side"] == "validation" and ranking["prefixes"] == ranking["instances"] > 0
+    assert ranking["siblings"] == 2 * ranking["prefixes"] and ranking["pairs_with_different_labels"] > 0
+    assert set(ranking["scorers"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
+    overall = {name: entry["overall"] for name, entry in ranking["scorers"].items()}
+    assert overall["prm"]["pairwise_accuracy"]["value"] == 1.0 and overall["prm"]["top1_regret"]["value"] == 0.0
+    for blind in ("constant_mean", "game_mean"):  # ties every sibling: the random pick's expectation
+        assert overall[blind]["pairwise_accuracy"] == {"value": 0.5, "ci_low": 0.5, "ci_high": 0.5}
+        assert overall[blind]["top1_regret"]["value"] == pytest.approx(
+            (POSITIVE - NEGATIVE) / 2 * overall[blind]["pairs"] / overall[blind]["prefixes"])
+    for name, entry in overall.items():
+        low, value, high = (entry["top1_regret"][k] for k in ("ci_low", "value", "ci_high"))
+        assert low <= value <= high, name
+    assert set(ranking["scorers"]["prm"]) == {"g1", "g2", "overall"}
+    for name in ("candidate_length", "policy_logprob"):
+        assert set(metrics["baselines"][name]["validation"]) == {"n", "pearson", "spearman", "auroc"}
+
+
+def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
+    assert prm.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
+    assert prm.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
+    assert prm.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
+
+
 def test_metrics_json_has_every_key(trained):
     metrics = trained["metrics"]
     for key in ("status", "model", "loss", "examples", "tokens", "steps", "epochs_run", "max_epochs", "stopped_early",
                 "best_epoch", "batch_size", "grad_accum", "effective_batch", "train_loss", "eval_loss",
-                "initial_eval_loss", "history", "evaluation", "baselines", "train_seconds", "seconds",
+                "initial_eval_loss", "history", "evaluation", "baselines", "ranking", "train_seconds", "seconds",
                 "peak_memory_mb", "config", "versions"):
         assert key in metrics, key
     block_keys = {"n", "mean_label", "mean_prediction", "bce", "mse", "pearson", "spearman", "auroc", "calibration"}

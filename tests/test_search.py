@@ -178,3 +178,72 @@ def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
     assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
     other = [([{"role": "user", "content": "Another game"}], candidate) for _, candidate in pairs[:50]]
     assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(test_cache_dir):
+    from clemprm.stages import load_policy
+    return load_policy(tiny_config()["model"], test_cache_dir)
+
+
+def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_policy):
+    import torch
+
+    from clemprm.search.logprob import LogprobScorer
+
+    short = [{"role": "user", "content": "Guess a number."}]
+    long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
+    pairs = [(short, "GUESS: 5"), (long, "ANSWER: chair"), (short, "GUESS: 12 please"), (long, "pear"), (short, "")]
+    scores = LogprobScorer(tiny_policy).score(pairs)
+    tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
+    for (prefix, candidate), score in zip(pairs, scores):  # each pair alone, unpadded
+        prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + answer])).logits[0].float()
+        logprobs = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.tensor(answer)[:, None])
+        assert score == pytest.approx(logprobs.mean().item(), abs=1e-4)
+    assert len(set(scores)) == len(pairs)
+
+
+def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded_policy, tmp_path, test_cache_dir):
+    """The real PRM in the loop: trained (tiny model) on oddoneout train prompts where answers naming the marker
+    word are labelled high, it then picks the marker answer among sampled ones on unseen validation prompts."""
+    from clemprm import prm, records
+    from tests.test_prm import MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row
+
+    engine = RolloutEngine(catalog, SAMPLING)
+    train = start(engine, catalog.instances("oddoneout", "train"), seeded_policy(lambda messages, seed: JUNK))
+    rows = []
+    for episode in train:
+        prefix = engine.waiting(episode)[1]
+        game, experiment, game_id = episode.instance.key
+        for turn, word in enumerate(WORDS[:4]):
+            marked = turn % 2 == 0
+            rows.append(soft_label_row(game, experiment, game_id, turn, prefix,
+                                       f"ANSWER: {MARKER if marked else word}", POSITIVE if marked else NEGATIVE))
+    settings = prm_settings(lr=3e-3, epochs=8, batch_size=8, grad_accum=1, validation_fraction=0.0)
+    labels_path = tmp_path / "labels.parquet"
+    records.write_records(labels_path, rows, records.SOFT_LABELS, {})
+    prm.train_prm(settings, str(labels_path), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"),
+                  test_cache_dir)
+    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+
+    def answer(messages, seed):  # one sample in three names the marker
+        return f"ANSWER: {MARKER}" if seed % 3 == 0 else f"ANSWER: {WORDS[seed % 7]}"
+
+    episodes = start(engine, catalog.instances("oddoneout", "validation"), seeded_policy(answer))
+    proposed = {}
+
+    class RecordingPRM:  # the trained scorer, recording what it was asked
+        def score(self, pairs):
+            for messages, candidate in pairs:
+                proposed.setdefault(str(messages), set()).add(candidate)
+            return scorer.score(pairs)
+
+    best_of_n(engine, episodes, RecordingPRM(), 12, SAMPLING)
+    first_turns = [episode.turns[0] for episode in episodes]
+    assert first_turns and all(len(proposed[str(turn["messages"])]) > 1 for turn in first_turns)  # a choice
+    assert all(turn["response"] == f"ANSWER: {MARKER}" for turn in first_turns
+               if f"ANSWER: {MARKER}" in proposed[str(turn["messages"])])
+    assert sum(f"ANSWER: {MARKER}" in proposed[str(turn["messages"])] for turn in first_turns) >= 1

@@ -8,7 +8,8 @@ One short module per strategy; greedy play is the engine's plain :meth:`~clemprm
   ranked by the PRM and the best ``beam_width`` survive.
 
 A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer)``
-(:class:`clemprm.prm.PRMScorer`, :class:`RandomScorer` for the control mode, or a scripted scorer in tests). Every
+(:class:`clemprm.prm.PRMScorer`, :class:`RandomScorer` for the control mode, :class:`clemprm.search.logprob.LogprobScorer`
+for the policy's own mean token log-probability, or a scripted scorer in tests). Every
 search step makes one ``propose`` call (one ``generate`` call per model) and one ``score`` call for all games
 together. This package holds what the strategies share.
 """
