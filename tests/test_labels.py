@@ -197,7 +197,7 @@ def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(tiny_p
 def stale_row(bp: dict) -> dict:
     """A soft-label row of ``bp`` with a label no run of the oracle gives (0.125: 1 of 8 continuations won)."""
     return {**bp, "k": 8, "terminal": False, "rollout_scores": [100.0] + [0.0] * 7, "n_aborted": 0, "n_success": 1,
-            "n_capped": 0, "new_tokens": 0, "label": 0.125}
+            "n_capped": 0, "n_errors": 0, "new_tokens": 0, "label": 0.125}
 
 
 def test_a_checkpoint_of_other_settings_is_discarded(oddoneout, scripted_policy, tmp_path, caplog):
