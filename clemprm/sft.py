@@ -371,15 +371,16 @@ def write_json(path: str | Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def save_adapter(model, spec: str, tmp_root: Path, adapter_dir: Path) -> None:
-    """Save the PEFT adapter under ``tmp_root``, name its base by ``spec`` (``tiny:0``, ``embedded:...``, a hub id)
+def save_adapter(model, spec: str, tmp_root: Path, adapter_dir: Path, adapter_names: list[str] | None = None) -> None:
+    """Save the PEFT adapter (or the named adapters: ``default`` at the top, the others in sub-folders named after
+    them, PEFT's layout) under ``tmp_root``, name their base by ``spec`` (``tiny:0``, ``embedded:...``, a hub id)
     rather than this machine's cache path, then move it into place as ``adapter_dir``."""
     out = tmp_root / "adapter"
-    model.save_pretrained(str(out))
-    config_path = out / "adapter_config.json"
-    data = json.loads(config_path.read_text())
-    data["base_model_name_or_path"] = spec
-    config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    model.save_pretrained(str(out), **({"selected_adapters": adapter_names} if adapter_names else {}))
+    for config_path in out.rglob("adapter_config.json"):
+        data = json.loads(config_path.read_text())
+        data["base_model_name_or_path"] = spec
+        config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
     if adapter_dir.exists():
         shutil.rmtree(adapter_dir)
     os.replace(out, adapter_dir)

@@ -29,9 +29,7 @@ this module's.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import shutil
 import tempfile
@@ -47,6 +45,7 @@ from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, referenc
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups
+from clemprm.sft import save_adapter
 
 log = logging.getLogger(__name__)
 
@@ -275,15 +274,7 @@ def save_adapters(model, spec: str, adapter_names: list[str], adapter_dir: Path)
     adapter_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
     try:
-        out = tmp_root / "adapter"
-        model.save_pretrained(str(out), selected_adapters=adapter_names)
-        for config_path in out.rglob("adapter_config.json"):
-            data = json.loads(config_path.read_text())
-            data["base_model_name_or_path"] = spec
-            config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        if adapter_dir.exists():
-            shutil.rmtree(adapter_dir)
-        os.replace(out, adapter_dir)
+        save_adapter(model, spec, tmp_root, adapter_dir, adapter_names)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
 
