@@ -128,8 +128,10 @@ def test_every_rule_ran_as_a_slurm_job(runs, slurm_cluster):
     assert slurm_rules == local_rules and "base_rollouts" in local_rules
     submitted = collections.Counter(s["rule"] for s in runs["submissions"])
     shards = workflow_test.tiny_workflow_config("")["labels"]["shards"]
-    # each once (a job per label shard); `all` only collects the targets
-    assert submitted == {rule: shards if rule == "soft_labels" else 1 for rule in local_rules - {"all"}}
+    merged = FINISHED.findall(runs["local_output"]).count("merge")
+    # each once (a job per label shard, a merge job per adapter); `all` only collects the targets
+    assert submitted == {rule: shards if rule == "soft_labels" else merged if rule == "merge" else 1
+                         for rule in local_rules - {"all"}}
     assert "localrule all:" in runs["output"]
     if (REPO / "rules" / "sft.smk").exists():
         assert "sft_adapter" in submitted
@@ -191,11 +193,15 @@ def test_records_equal_those_of_a_local_run(runs):
 def test_jobs_use_the_configured_model_cache_not_results(runs):
     assert any(p.is_file() for p in runs["cache"].rglob("*")), "the SLURM jobs did not use cache_dir"
     model_files = {"model.safetensors", "tokenizer.json", "pytorch_model.bin", "config.json"}
-    assert not [p for p in (runs["slurm"] / "results").rglob("*") if p.name in model_files]
+    # results/merged/ holds the merge stage's standalone checkpoints by design; nothing else is a model
+    results = runs["slurm"] / "results"
+    assert not [p for p in results.rglob("*") if p.name in model_files and results / "merged" not in p.parents]
 
 
 def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile, tmp_path):
-    work = _workdir(tmp_path / "failing", tmp_path / "cache", model={"spec": str(tmp_path / "no-such-model")})
+    # an empty model folder: it passes the parse-time checks (the folder exists) and fails in the job
+    (tmp_path / "empty-model").mkdir()
+    work = _workdir(tmp_path / "failing", tmp_path / "cache", model={"spec": str(tmp_path / "empty-model")})
     start = time.monotonic()
     code, output, elapsed = _snakemake(work, "--profile", "slurm", env=slurm_profile, limit_s=300)
     assert code not in (0, 124, 137), output[-6000:]
