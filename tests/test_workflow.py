@@ -199,8 +199,8 @@ def test_every_rule_logs_and_benchmarks(completed_run):
     results = completed_run.workdir / "results"
     finished = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", completed_run.output)) - {"all"}
     assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures"} <= finished
-    for rule in finished:   # a rule with wildcards (a label shard) logs into a folder of its name
-        name = "soft_labels/0-of-2" if rule == "soft_labels" else rule
+    for rule in finished:   # a rule with wildcards (a label shard, a merge) logs into a folder of its name
+        name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft"}.get(rule, rule)
         assert "rule " in (results / f"logs/{name}.log").read_text(), rule
         assert (results / f"benchmarks/{name}.tsv").exists(), rule
     assert "episodes done" in (results / "logs/base_rollouts.log").read_text()

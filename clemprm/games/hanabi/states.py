@@ -27,13 +27,21 @@ log = logging.getLogger(__name__)
 GAME = "hanabi"
 
 
+def waiting_seat():
+    """A model for both seats that the engine waits on, so every turn's prompt is seen; the answers come from the
+    players' rule-based moves. (A ``CustomResponseModel`` would answer by itself inside the engine, which lets
+    programmatic players play their turns: the turns would pass unseen.)"""
+    from clemcore.backends import HumanModel
+    from clemcore.backends.model_registry import ModelSpec
+
+    return HumanModel(ModelSpec(model_name="rule-based"))
+
+
 def self_play_states(catalog: GameCatalog, split: str = "train", max_per_episode: int | None = None) -> list[dict]:
     """One :data:`records.STATES` row per turn of the rule-based player's self-play on ``split`` (a longer game's
     turns are subsampled evenly to ``max_per_episode``, first and last kept)."""
-    from clemcore.backends import CustomResponseModel
-
     engine = RolloutEngine(catalog, Sampling())
-    model = CustomResponseModel()
+    model = waiting_seat()
     instances = catalog.instances(GAME, split)
     rows = []
     for number, instance in enumerate(instances, 1):
