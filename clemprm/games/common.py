@@ -147,6 +147,21 @@ def reprompt_text(reason: str, answer_format: str) -> str:
     return f"Invalid answer: {reason}. Try again. Reply with one line in this format:\n{answer_format}"
 
 
+def handle_violation(master, player, error, reprompt: str) -> None:
+    """A game master's ``_on_parse_error`` for the built-in games: the violation is counted and logged; the player
+    gets one reprompt (``reprompt``), and a second violation in a row aborts the episode."""
+    master.consecutive_violations += 1
+    master.info["parse_ok"] = False
+    master.log_to_self("invalid format", error.reason)
+    if master.consecutive_violations >= MAX_CONSECUTIVE_VIOLATIONS:
+        master.reprompted = False
+        master.log_to_self("game_result", "ABORT")
+        master.state.abort()
+    else:
+        master.reprompted = True
+        master.set_context_for(player, reprompt)
+
+
 def options_reason(options: Sequence[str]) -> str:
     """The reprompt reason for an answer naming none of the options."""
     return f"name one of the words {', '.join(options)}"

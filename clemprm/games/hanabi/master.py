@@ -23,7 +23,7 @@ from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, Gam
 from clemcore.clemgame.master import Outcome
 from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
 
-from clemprm.games.common import MAX_CONSECUTIVE_VIOLATIONS, get_parse_mode
+from clemprm.games.common import get_parse_mode, handle_violation
 from clemprm.games.hanabi.bot import bot_move, ideal_deduction, move_rating, move_values
 from clemprm.games.hanabi.protocol import answer_text, deduction_scores, parse_answer, reprompt, state_prompt
 from clemprm.games.hanabi.rewards import REWARD_KEYS, ROUND_SCORE_NAMES, TURN_SCORES_EVENT, turn_scores_of
@@ -87,17 +87,8 @@ class Hanabi(DialogueGameMaster):
         return answer.move
 
     def _on_parse_error(self, error: ParseError):
-        self.consecutive_violations += 1
-        self.info["parse_ok"] = False
-        self.log_to_self("invalid format", error.reason)
-        if self.consecutive_violations >= MAX_CONSECUTIVE_VIOLATIONS:
-            self.reprompted = False
-            self.log_to_self("game_result", "ABORT")
-            self.state.abort()
-        else:
-            self.reprompted = True
-            self.set_context_for(self.current_player, reprompt(error.reason, self.deck_config,
-                                                               len(self.game.hands[self.game.current])))
+        handle_violation(self, self.current_player, error,
+                         reprompt(error.reason, self.deck_config, len(self.game.hands[self.game.current])))
 
     def _advance_game(self, player: Player, move: Move):
         self.consecutive_violations = 0

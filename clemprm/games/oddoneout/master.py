@@ -16,7 +16,7 @@ from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, Gam
 from clemcore.clemgame.master import Outcome
 from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
 
-from clemprm.games.common import (MAX_CONSECUTIVE_VIOLATIONS, format_line, get_parse_mode, options_reason,
+from clemprm.games.common import (handle_violation, format_line, get_parse_mode, options_reason,
                                   parse_option, reprompt_text)
 
 TAG = "ANSWER"
@@ -82,16 +82,7 @@ class OddOneOut(DialogueGameMaster):
         return parse_answer(response, self.parse_mode, self.words)
 
     def _on_parse_error(self, error: ParseError):
-        self.consecutive_violations += 1
-        self.info["parse_ok"] = False
-        self.log_to_self("invalid format", error.reason)
-        if self.consecutive_violations >= MAX_CONSECUTIVE_VIOLATIONS:
-            self.reprompted = False
-            self.log_to_self("game_result", "ABORT")
-            self.state.abort()
-        else:
-            self.reprompted = True
-            self.set_context_for(self.guesser, reprompt_text(error.reason, ANSWER_FORMAT))
+        handle_violation(self, self.guesser, error, reprompt_text(error.reason, ANSWER_FORMAT))
 
     def _advance_game(self, player: Player, parsed_response: str):
         self.consecutive_violations = 0

@@ -26,7 +26,7 @@ from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, Gam
 from clemcore.clemgame.master import Outcome
 from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
 
-from clemprm.games.common import (MAX_CONSECUTIVE_VIOLATIONS, first_tagged_value, format_line, get_parse_mode,
+from clemprm.games.common import (handle_violation, first_tagged_value, format_line, get_parse_mode,
                                   mentions_word, options_reason, parse_free_text, parse_option,
                                   reprompt_text)
 
@@ -142,17 +142,8 @@ class WordRef(DialogueGameMaster):
         return parse_guess(response, self.parse_mode, self.guesser_words)
 
     def _on_parse_error(self, error: ParseError):
-        self.consecutive_violations += 1
-        self.info["parse_ok"] = False
-        self.log_to_self("invalid format", error.reason)
-        if self.consecutive_violations >= MAX_CONSECUTIVE_VIOLATIONS:
-            self.reprompted = False
-            self.log_to_self("game_result", "ABORT")
-            self.state.abort()
-        else:
-            self.reprompted = True
-            answer_format = DESCRIPTION_FORMAT if self.current_player is self.describer else ANSWER_FORMAT
-            self.set_context_for(self.current_player, reprompt_text(error.reason, answer_format))
+        answer_format = DESCRIPTION_FORMAT if self.current_player is self.describer else ANSWER_FORMAT
+        handle_violation(self, self.current_player, error, reprompt_text(error.reason, answer_format))
 
     def _advance_game(self, player: Player, parsed_response: str):
         self.consecutive_violations = 0
