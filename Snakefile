@@ -6,7 +6,7 @@ from snakemake.utils import min_version
 
 from clemprm.checks.parse_time import check_config_inputs
 from clemprm.config import eval_mode_params, sections, validate_config
-from clemprm.merge import merge_params
+from clemprm.stages.merge import merge_params
 
 min_version("9.0")
 

@@ -9,7 +9,7 @@ from clemprm import records
 
 
 def inspect_command(args: argparse.Namespace) -> int:
-    from clemprm.inspect import inspect_file
+    from clemprm.evaluation.inspect import inspect_file
 
     try:
         print(inspect_file(args.path, examples=args.examples, width=args.width, bins=args.bins))

@@ -16,11 +16,11 @@ import argparse
 import statistics
 import time
 
-from clemprm.catalog import GameCatalog
-from clemprm.clemcore_runners import run_clemcore
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.clemcore_runners import run_clemcore
 from clemprm.config import load_config
-from clemprm.engine import RolloutEngine, Sampling
-from clemprm.models import ModelConfig, PolicyModel
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.models.loader import ModelConfig, PolicyModel
 
 
 def main() -> None:

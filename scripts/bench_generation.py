@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from clemprm.generation import PolicyModel, SamplingParams  # noqa: E402
-from clemprm.models import ModelConfig  # noqa: E402
+from clemprm.models.generation import PolicyModel, SamplingParams  # noqa: E402
+from clemprm.models.loader import ModelConfig  # noqa: E402
 
 TOPICS = ["apple", "river", "chair", "garden", "winter", "window", "rocket", "violin", "castle", "pencil",
           "orange", "forest", "bridge", "candle", "dragon", "island", "jacket", "kettle", "ladder", "mirror",
@@ -121,7 +121,7 @@ def bench_model(policy: PolicyModel, batch_sizes, args) -> None:
                   f"{sum(n for _, n, _ in hf_runs) // args.repeats}/{sum(n for _, n, _ in our_runs) // args.repeats}",
                   flush=True)
     if args.ablation:  # what each optimisation of the decoder is worth (largest batch, fixed workload)
-        import clemprm.generation as generation
+        import clemprm.models.generation as generation
         batch = max(batch_sizes)
         settings = {"all optimisations": (True, generation.MIN_SHARED_PREFIX),
                     "no shared-prefix prefill": (True, 10**9),

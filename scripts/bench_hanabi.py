@@ -82,11 +82,11 @@ def rule_based_vs_random() -> None:
 
 
 def smollm2(episodes: int, config_path: str) -> None:
-    from clemprm.catalog import GameCatalog
+    from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config
-    from clemprm.engine import RolloutEngine, Sampling
+    from clemprm.play.engine import RolloutEngine, Sampling
     from clemprm.games.hanabi.rewards import REWARD_KEYS, turn_rewards
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
 
     config = load_config(config_path)
     catalog = GameCatalog(config["games"])

@@ -5,7 +5,7 @@
 The policy plays the train instances of guessnumber, wordref and oddoneout to make branch points; then the
 same K-rollout labels are computed twice, side by side in one run, from the same branch-point states:
 clemcore's ``BranchingRunner`` (k deep copies at the branch point, each branch generated one call at a time)
-and ``clemprm.labels.label_chunk`` (all continuations of all branch points in lockstep, one batched call per
+and ``clemprm.stages.labels.label_chunk`` (all continuations of all branch points in lockstep, one batched call per
 step). Greedy decoding (the default) makes both play the same continuations: the script checks that the
 labels are identical, and prints continuations/s of each and the ratio.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from clemprm import labels
-from clemprm.catalog import GameCatalog
-from clemprm.clemcore_runners import run_clemcore_branching
+from clemprm.stages import labels
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.clemcore_runners import run_clemcore_branching
 from clemprm.config import load_config
-from clemprm.engine import RolloutEngine, Sampling
-from clemprm.models import ModelConfig, PolicyModel
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.models.loader import ModelConfig, PolicyModel
 
 
 def main() -> None:

@@ -6,10 +6,10 @@
 
 The adapter is trained, not drawn: a LoRA as the SFT stage makes it (``sft.lora``: r 16, alpha 32, dropout 0.05) on
 all linear layers + ``lm_head``, a few AdamW steps (raised learning rate, so that a few steps move the logits) on
-the SFT stage's own prompt/answer pairs (``clemprm.sft.build_examples``, loss on the answers) of synthetic
+the SFT stage's own prompt/answer pairs (``clemprm.stages.sft.build_examples``, loss on the answers) of synthetic
 guessnumber dialogues (binary search over 1-1000, about ten turns, so the held-out pairs are hundreds of tokens
 long). A plain training loop, not TRL: TRL 1.16's SFTTrainer refuses a LoRA on lm_head (its fused LM head reads
-``lm_head.weight`` directly, so the adapter would never be trained). Then ``clemprm.merge.merge_and_verify`` (the
+``lm_head.weight`` directly, so the adapter would never be trained). Then ``clemprm.stages.merge.merge_and_verify`` (the
 ``merge`` rule's code) merges it in a fresh process (so its peak RSS is the merge's own) and writes
 ``verification.json``: the correct merge (fp32, untied lm_head), the adapter's own effect, and the two contrasts (a
 bf16 merge; PEFT's ``merge_and_unload()``, which writes the lm_head delta into the shared embedding). Prints merge
@@ -87,9 +87,9 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
     import torch
     from peft import get_peft_model
 
-    from clemprm import sft
-    from clemprm.models import ModelConfig, load_tokenizer_and_model
-    from clemprm.prm import pad_right
+    from clemprm.stages import sft
+    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+    from clemprm.stages.prm import pad_right
 
     cfg = ModelConfig.from_dict({**config["model"], "cache_dir": config["cache_dir"]})
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True)
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="output folder (default: a temporary one)")
     args = parser.parse_args()
 
-    from clemprm import merge
+    from clemprm.stages import merge
     from clemprm.config import load_config
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-merge-"))

@@ -13,7 +13,7 @@ exchanges (``--max-exchanges``); a candidate is a short answer (about 60-230 tok
 Default: the tiny model (``tiny:0``) at 2 threads (as config.yaml); ``--smollm2`` adds the embedded SmolLM2
 (fewer pairs).
 On CPU a long pair is already a large matrix product, and the tiny Qwen3.5's Gated-DeltaNet layers (even with
-clemprm.gated_delta's kernel) cost about the same per token at any batch size: batching alone gains most on short
+clemprm.models.gated_delta's kernel) cost about the same per token at any batch size: batching alone gains most on short
 pairs and on GPUs, sharing gains on every device in proportion to the prefix tokens it skips.
 ``--adapter DIR`` scores with a trained PRM adapter (the scores, not the speed, depend on it).
 
@@ -31,8 +31,8 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from clemprm.models import ModelConfig  # noqa: E402
-from clemprm.prm import PRMScorer, encode_pair  # noqa: E402
+from clemprm.models.loader import ModelConfig  # noqa: E402
+from clemprm.stages.prm import PRMScorer, encode_pair  # noqa: E402
 
 FEEDBACK = ["Your guess is too low. The number is higher.", "Your guess is too high. The number is lower.",
             "That is not a valid answer. Please answer with GUESS: and a number.", "Wrong word. Try again."]

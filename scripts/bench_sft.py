@@ -5,7 +5,7 @@
     python scripts/bench_sft.py --episodes 4 --out /tmp/bench-sft
     python scripts/bench_sft.py --config my.yaml      # other settings on top of config.yaml
 
-SFT runs in a fresh process (``clemprm.sft.train_sft``, exactly what the ``sft_adapter`` rule runs), so its peak
+SFT runs in a fresh process (``clemprm.stages.sft.train_sft``, exactly what the ``sft_adapter`` rule runs), so its peak
 RSS is the SFT's own. Both policies then play every built-in game's validation instances with the base rollout
 sampling settings and the same seeds; per game: episodes, % played, success rate and quality (mean BENCH_SCORE
 of played episodes), and their macro averages. Everything is written under ``--out`` (default: a temp dir).
@@ -33,7 +33,7 @@ log = logging.getLogger("bench_sft")
 def _train_in_child(settings, data, adapter, metrics, cache_dir, log_file):
     logging.basicConfig(level=logging.INFO, filename=log_file, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from clemprm import sft
+    from clemprm.stages import sft
     sft.train_sft(settings, data, adapter, metrics, cache_dir)
 
 
@@ -78,13 +78,13 @@ def main() -> None:
 
     data = args.data or ("results/sft/sft_data.parquet" if Path("results/sft/sft_data.parquet").is_file() else None)
     if data is None:
-        from clemprm import stages
+        from clemprm.stages import rollouts
         start = time.perf_counter()
         episodes = out / "base_train.parquet"
-        stages.base_rollouts({k: config[k] for k in ("seed", "model", "games", "base_rollouts")}, str(episodes),
-                             config["cache_dir"])
+        rollouts.base_rollouts({k: config[k] for k in ("seed", "model", "games", "base_rollouts")}, str(episodes),
+                               config["cache_dir"])
         data = str(out / "sft_data.parquet")
-        stages.win_filter({"win_filter": config["win_filter"]}, str(episodes), data)
+        rollouts.win_filter({"win_filter": config["win_filter"]}, str(episodes), data)
         report["data_seconds"] = round(time.perf_counter() - start, 1)
     report["data"] = str(data)
 
@@ -117,9 +117,9 @@ def main() -> None:
           f"{metrics.get('initial_eval_token_accuracy')} -> {metrics['eval_token_accuracy']}")
 
     if not args.skip_play:
-        from clemprm.catalog import GameCatalog
-        from clemprm.engine import RolloutEngine, Sampling
-        from clemprm.models import ModelConfig, PolicyModel
+        from clemprm.play.catalog import GameCatalog
+        from clemprm.play.engine import RolloutEngine, Sampling
+        from clemprm.models.loader import ModelConfig, PolicyModel
 
         catalog = GameCatalog(config["games"])
         instances = catalog.all_instances("validation")

@@ -38,7 +38,7 @@ def instance_list(clembench: str, game: str, per_split: int, folder: Path) -> st
     instances file) for train, the next ones for validation; None when the game is not found (the checks say why)."""
     import json
 
-    from clemprm.catalog import clembench_specs, instances_file
+    from clemprm.play.catalog import clembench_specs, instances_file
 
     try:
         game_dir, spec = clembench_specs(clembench)[game]
@@ -77,9 +77,9 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
     """How a capped continuation of ``game`` is scored: its ``partial_bench_score()``, or its own scorer on the
     episode closed as lost (0 where that yields no score), probed after each of the first answers of the game's own
     programmatic players (clembench players implement ``_custom_response``: moves in the game's format)."""
-    from clemprm.engine import RolloutEngine, Sampling
-    from clemprm.generation import Generation
-    from clemprm.labels import closed_as_lost_score
+    from clemprm.play.engine import RolloutEngine, Sampling
+    from clemprm.models.generation import Generation
+    from clemprm.stages.labels import closed_as_lost_score
 
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, 48))
     episode = engine.start(catalog.instances(game, "train")[0], [policy], f"{game}/probe", seed)
@@ -106,8 +106,9 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
 
 def run_game(args, game: str, policy, workdir: Path) -> dict:
     """One game through every stage; what happened, as one table row."""
-    from clemprm import evaluation, labels, stages
-    from clemprm.catalog import GameCatalog
+    from clemprm.evaluation import evaluate
+    from clemprm.stages import labels, rollouts
+    from clemprm.play.catalog import GameCatalog
     from clemprm.checks.parse_time import check_config_inputs
     from clemprm.config import eval_mode_params, sections
 
@@ -132,7 +133,7 @@ def run_game(args, game: str, policy, workdir: Path) -> dict:
             logging.getLogger(__name__).error("%s %s:\n%s", game, name, traceback.format_exc())
             return None
 
-    base = stage("base_rollouts", lambda: stages.base_rollouts(
+    base = stage("base_rollouts", lambda: rollouts.base_rollouts(
         sections(settings, "seed", "model", "games", "base_rollouts"), out / "base.parquet", policy=policy,
         on_failure="continue")) or []
     row["base"] = episode_stats(base)
@@ -147,7 +148,7 @@ def run_game(args, game: str, policy, workdir: Path) -> dict:
                          f"{sum(r['n_capped'] for r in soft)} capped")
     else:
         row["labels"] = "no branch points"
-    greedy = stage("eval", lambda: evaluation.evaluate_mode(
+    greedy = stage("eval", lambda: evaluate.evaluate_mode(
         "greedy_base", eval_mode_params(settings, "greedy_base"), out / "greedy_base.parquet", policy=policy,
         on_failure="continue")) or []
     row["eval"] = episode_stats(greedy)
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
     parser.add_argument("--log", default=None, help="log file (default: a temporary one)")
     args = parser.parse_args(argv)
 
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
 
     workdir = Path(tempfile.mkdtemp(prefix="clembench_suite."))
     os.chdir(workdir)  # matchit_ascii appends its players' first words to ./first_words.txt

@@ -33,7 +33,7 @@ def test_cache_dir(tmp_path_factory):
 def smollm2(test_cache_dir):
     """The embedded SmolLM2 converted once for the whole session (about 40 s), into the session's model cache: every
     test that loads it (``ModelConfig(cache_dir=test_cache_dir)``) reuses the conversion. ``(config, folder)``."""
-    from clemprm.models import ModelConfig, resolve_model_dir
+    from clemprm.models.loader import ModelConfig, resolve_model_dir
 
     cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)
     return cfg, Path(resolve_model_dir(cfg))
@@ -83,7 +83,7 @@ def _scripted_policy_class():
     from clemcore.backends import BatchGenerativeModel
     from clemcore.backends.model_registry import ModelSpec
 
-    from clemprm.models import Generation
+    from clemprm.models.loader import Generation
 
     class ScriptedPolicy(BatchGenerativeModel):
         """A policy whose answer is ``answer(messages)``: real games, known moves. Records each generate call."""
@@ -120,7 +120,7 @@ def _scripted_policy_class():
 
 @pytest.fixture(scope="session")
 def scripted_policy():
-    from clemprm.clemcore_setup import import_clemcore
+    from clemprm.play.clemcore_setup import import_clemcore
     import_clemcore()
     return _scripted_policy_class()
 

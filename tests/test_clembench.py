@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clemprm import evaluation, labels, records, sft, stages
-from clemprm.catalog import GameCatalog
+from clemprm import records
+from clemprm.evaluation import evaluate
+from clemprm.stages import labels, rollouts, sft
+from clemprm.play.catalog import GameCatalog
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
 from clemprm.checks.run_time import StageFailure, check_instances
 from clemprm.config import eval_mode_params, load_config, sections
-from clemprm.engine import RolloutEngine, Sampling
+from clemprm.play.engine import RolloutEngine, Sampling
 from tests.conftest import tiny_config
 
 # One legacy game master, configured by the flags it is written with. Every round the player answers; an answer
@@ -363,7 +365,7 @@ def test_a_partial_bench_score_that_raises_is_counted_and_the_shard_survives(che
     bp_path = tmp_path / "bp.parquet"
     policy = scripted_policy(answer("WIN"))
     bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
-    with caplog.at_level(logging.WARNING, logger="clemprm.labels"):
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
     # 3 rounds, cap 1: continuations from round 1 are capped after round 2 and their partial score raises (those
     # branch points keep no label); from round 2 they finish the game and are scored as usual
@@ -385,7 +387,7 @@ def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(check
         labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=loser)
     bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=scripted_policy(
         answer("WIN")))
-    with caplog.at_level(logging.WARNING, logger="clemprm.labels"):
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=loser)
     fragile = [bp for bp in bps if bp["game"] == "fragile_scorer"]
     labelled = {row["bp_id"] for row in rows}
@@ -400,11 +402,11 @@ def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(check
 
     eval_settings = eval_mode_params(config, "greedy_base")
     with pytest.raises(StageFailure, match="eval greedy_base: every episode of game fragile_scorer"):
-        evaluation.evaluate_mode("greedy_base", eval_settings, tmp_path / "greedy_base.parquet", policy=loser)
-    evaluation.evaluate_mode("greedy_base", eval_settings, tmp_path / "greedy_base.parquet", policy=loser,
-                             on_failure="continue")
-    summary = evaluation.summarize_eval(sections(config, "seed", "model", "games", "eval"),
-                                        [tmp_path / "greedy_base.parquet"], tmp_path / "prm_eval.json")
+        evaluate.evaluate_mode("greedy_base", eval_settings, tmp_path / "greedy_base.parquet", policy=loser)
+    evaluate.evaluate_mode("greedy_base", eval_settings, tmp_path / "greedy_base.parquet", policy=loser,
+                           on_failure="continue")
+    summary = evaluate.summarize_eval(sections(config, "seed", "model", "games", "eval"),
+                                      [tmp_path / "greedy_base.parquet"], tmp_path / "prm_eval.json")
     results = summary["modes"]["greedy_base"]["results"]
     episodes = results["fragile_scorer"]["episodes"]
     assert results["fragile_scorer"]["errors"] == episodes > 0 and results["pair"]["errors"] == 0
@@ -423,9 +425,9 @@ def test_every_episode_of_a_game_failing_stops_base_rollouts(checkout, scripted_
     with pytest.raises(StageFailure, match=r"base_rollouts: every episode of game broken_setup: (\d+) of \1 "
                                            r"episodes failed, first error: broken_setup/e/\d/0: ValueError: math "
                                            r"domain error"):
-        stages.base_rollouts(settings, output, policy=scripted_policy(answer("WIN")))
+        rollouts.base_rollouts(settings, output, policy=scripted_policy(answer("WIN")))
     assert not output.exists()
-    rows = stages.base_rollouts(settings, output, policy=scripted_policy(answer("WIN")), on_failure="continue")
+    rows = rollouts.base_rollouts(settings, output, policy=scripted_policy(answer("WIN")), on_failure="continue")
     assert output.exists() and {row["game"] for row in rows if row["error"] is not None} == {"broken_setup"}
 
 

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from clemprm import records
-from clemprm.catalog import GameCatalog
-from clemprm.clemcore_setup import import_clemcore_backends, merge_roles
-from clemprm.engine import RolloutEngine, Sampling
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.clemcore_setup import import_clemcore_backends, merge_roles
+from clemprm.play.engine import RolloutEngine, Sampling
 from tests.conftest import binary_search_answer, tiny_config
 
 

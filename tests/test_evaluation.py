@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from clemprm import evaluation, records, report
+from clemprm import records
+from clemprm.evaluation import evaluate, report
 from clemprm.config import sections
 from tests.conftest import binary_search_answer, tiny_config
 from tests.test_search import JUNK, ScriptedPRM
@@ -32,7 +33,7 @@ def mixed_answer(messages, seed=0):
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory, scripted_policy):
     """Every mode evaluated once (same scripted policy for base and SFT), then the summary."""
-    from clemprm.models import Generation
+    from clemprm.models.loader import Generation
 
     class SeededPolicy(scripted_policy):
         def generate(self, perspectives, seeds=None, **kwargs):
@@ -43,11 +44,11 @@ def eval_run(tmp_path_factory, scripted_policy):
     folder = tmp_path_factory.mktemp("eval")
     prm = ScriptedPRM(lambda messages, candidate: 0.1 if candidate == JUNK else 0.5 + 0.4 * ("GUESS: 1" != candidate))
     paths, policies = {}, {}
-    for mode in evaluation.MODES:
+    for mode in evaluate.MODES:
         paths[mode] = str(folder / f"{mode}.parquet")
         policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
-        evaluation.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
-    summary = evaluation.summarize_eval(SETTINGS, list(paths.values()), str(folder / "prm_eval.json"))
+        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
+    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(folder / "prm_eval.json"))
     return paths, summary, folder / "prm_eval.json", policies
 
 
@@ -113,8 +114,8 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     diff = summary["differences"]["greedy_sft"]["best_of_n"]["overall"]
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
-    assert set(summary["differences"]) == set(evaluation.BASELINES)
-    assert set(summary["differences"]["greedy_base"]) == set(evaluation.MODES) - {"greedy_base"}
+    assert set(summary["differences"]) == set(evaluate.BASELINES)
+    assert set(summary["differences"]["greedy_base"]) == set(evaluate.MODES) - {"greedy_base"}
 
 
 def estimates_of(node):
@@ -127,10 +128,10 @@ def estimates_of(node):
 
 def test_bootstrap_intervals_are_seeded_and_contain_the_point_estimate(eval_run, tmp_path):
     paths, summary, _, _ = eval_run
-    again = evaluation.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "again.json"))
+    again = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "again.json"))
     assert again["modes"] == summary["modes"] and again["differences"] == summary["differences"]
-    other_seed = evaluation.summarize_eval({**SETTINGS, "seed": SETTINGS["seed"] + 1}, list(paths.values()),
-                                           str(tmp_path / "other.json"))
+    other_seed = evaluate.summarize_eval({**SETTINGS, "seed": SETTINGS["seed"] + 1}, list(paths.values()),
+                                         str(tmp_path / "other.json"))
     assert other_seed["modes"] != summary["modes"]
     intervals = [e for e in estimates_of(summary) if e["value"] is not None]
     assert len(intervals) > 50
@@ -155,11 +156,11 @@ def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_ru
     central ``ci`` share of the draws."""
     import numpy as np
 
-    from clemprm.engine import derive_seed
+    from clemprm.play.engine import derive_seed
 
     paths, _, _, _ = eval_run
     settings = {**SETTINGS, "eval": {**SETTINGS["eval"], "ci": ci}}
-    results = evaluation.summarize_eval(settings, [paths["best_of_n"]], str(tmp_path / "summary.json"))[
+    results = evaluate.summarize_eval(settings, [paths["best_of_n"]], str(tmp_path / "summary.json"))[
         "modes"]["best_of_n"]["results"]
     rows = records.read_records(paths["best_of_n"], records.EVAL_EPISODES)
     samples = settings["eval"]["bootstrap_samples"]
@@ -187,7 +188,7 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
     _, summary, _, _ = eval_run
     diff = summary["differences"]["greedy_sft"]["greedy_base"]   # the same scripted policy plays both
     for group in diff.values():
-        for metric in evaluation.METRICS:
+        for metric in evaluate.METRICS:
             assert group[metric]["value"] in (0.0, None)
             assert group[metric]["ci_low"] == group[metric]["ci_high"] == group[metric]["value"]
     single = summary["modes"]["greedy_sft"]["results"]["overall"]["percent_played"]
@@ -196,7 +197,7 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
 
 def test_prm_eval_json_validates_against_its_schema(eval_run):
     _, summary, path, _ = eval_run
-    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
     written = json.loads(path.read_text())
     jsonschema.validate(written, schema)
     assert written["config"]["eval"]["split"] == "validation" and "clemcore" in written["versions"]
@@ -247,21 +248,21 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     """The tiny model through the stage's own loader (greedy_base), then as the best-of-N policy."""
     settings = sections(tiny_config(games={"max_instances": {"validation": 1}}, eval={"max_new_tokens": 6, "n": 2}),
                         "seed", "model", "games", "eval")
-    greedy = evaluation.evaluate_mode("greedy_base", settings, str(tmp_path / "greedy_base.parquet"),
-                                      test_cache_dir)
+    greedy = evaluate.evaluate_mode("greedy_base", settings, str(tmp_path / "greedy_base.parquet"),
+                                    test_cache_dir)
     run = records.read_provenance(tmp_path / "greedy_base.parquet")["run"]
     assert run["policy"]["spec"] == "tiny:0" and run["policy"]["stats"]["new_tokens"] > 0
     assert [r["policy_tokens"] for r in greedy] == [sum(t["new_tokens"] for t in r["turns"]) for r in greedy]
     with pytest.raises(ValueError, match="SFT adapter"):
-        evaluation.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"), test_cache_dir)
+        evaluate.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"), test_cache_dir)
 
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
     prm = ScriptedPRM(lambda messages, candidate: len(candidate))   # prefers the longer answer
-    rows = evaluation.evaluate_mode("best_of_n", settings, str(tmp_path / "best_of_n.parquet"),
-                                    policy=load_policy(settings["model"], test_cache_dir), prm=prm)
+    rows = evaluate.evaluate_mode("best_of_n", settings, str(tmp_path / "best_of_n.parquet"),
+                                  policy=load_policy(settings["model"], test_cache_dir), prm=prm)
     assert len(rows) == len(greedy) and all(r["search_nodes"] == 2 * r["n_turns"] for r in rows)
-    logprob_rows = evaluation.evaluate_mode("best_of_n_logprob", settings, str(tmp_path / "logprob.parquet"),
-                                            policy=load_policy(settings["model"], test_cache_dir))
+    logprob_rows = evaluate.evaluate_mode("best_of_n_logprob", settings, str(tmp_path / "logprob.parquet"),
+                                          policy=load_policy(settings["model"], test_cache_dir))
     logprob_run = records.read_provenance(tmp_path / "logprob.parquet")["run"]
     assert sum(r["prm_pairs"] for r in logprob_rows) == logprob_run["prm"]["stats"]["pairs"] > 0
     scored = {}

@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers.models.qwen3_5.modeling_qwen3_5 as qwen3_5  # noqa: E402
 
-from clemprm import gated_delta  # noqa: E402
-from clemprm.models import ModelConfig, load_tokenizer_and_model  # noqa: E402
+from clemprm.models import gated_delta  # noqa: E402
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model  # noqa: E402
 
 gated_delta.install()
 REFERENCE = qwen3_5.torch_chunk_gated_delta_rule.clemprm_reference

@@ -10,9 +10,9 @@ import random
 import pytest
 
 from clemprm import records
-from clemprm.catalog import GameCatalog
+from clemprm.play.catalog import GameCatalog
 from clemprm.config import load_config
-from clemprm.engine import RolloutEngine, Sampling
+from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.games import SPLITS, builtin_game_dir, instance_generator
 from clemprm.games.hanabi import bot, protocol
 from clemprm.games.hanabi.rewards import REWARD_KEYS, ROUND_SCORE_NAMES, turn_rewards

@@ -12,7 +12,7 @@ import pytest
 
 from clemprm import records
 from clemprm.cli import main
-from clemprm.inspect import group_stats, histogram, inspect_file
+from clemprm.evaluation.inspect import group_stats, histogram, inspect_file
 
 PROVENANCE = {"config": {"games": {"names": ["guessnumber", "wordref"]}, "labels": {"k": 4}, "seed": 1},
               "versions": {"clemprm": "0.1.0", "clemcore": "3.7.2", "transformers": "5.24.0", "torch": "2.13"}}

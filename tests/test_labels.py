@@ -13,8 +13,9 @@ import time
 import pytest
 import yaml
 
-from clemprm import labels, records
-from clemprm.catalog import GameCatalog
+from clemprm import records
+from clemprm.stages import labels
+from clemprm.play.catalog import GameCatalog
 from tests.conftest import tiny_config
 
 LABEL_SETTINGS = {"k": 3, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 8, "max_rollout_rounds": 10,
@@ -152,14 +153,14 @@ def test_labels_do_not_depend_on_the_shard_count(tiny_policy, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory, test_cache_dir):
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
     return load_policy({**tiny_config()["model"], "max_context_tokens": 2048}, test_cache_dir)
 
 
 RESUMABLE_SHARD = """
 import logging, sys, yaml
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-from clemprm import labels
+from clemprm.stages import labels
 settings = yaml.safe_load(open("settings.yaml"))
 labels.soft_labels_shard(settings, "bp.parquet", None, 0, 1, sys.argv[1], cache_dir=sys.argv[2])
 """
@@ -206,7 +207,7 @@ def test_a_checkpoint_of_other_settings_is_discarded(oddoneout, scripted_policy,
     stale = labels.ShardCheckpoint(output, "made with other settings")
     stale.load()
     stale.save([stale_row(bp) for bp in bps])   # every branch point "done", with a wrong label
-    with caplog.at_level("INFO", logger="clemprm.labels"):
+    with caplog.at_level("INFO", logger="clemprm.stages.labels"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
     assert "made with other settings or branch points" in caplog.text and "0 done in the checkpoint" in caplog.text
     assert [row["bp_id"] for row in rows] == [bp["bp_id"] for bp in bps]
@@ -228,7 +229,7 @@ def test_a_corrupt_checkpoint_part_is_discarded_and_relabelled(oddoneout, script
     checkpoint.save(straight[2:4])
     part = checkpoint.folder / "part-00001.parquet"
     part.write_bytes(part.read_bytes()[:part.stat().st_size // 2])
-    with caplog.at_level("INFO", logger="clemprm.labels"):
+    with caplog.at_level("INFO", logger="clemprm.stages.labels"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, output, policy=scripted_policy(oracle))
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "part-00001.parquet" in r.getMessage()]
     assert warnings and "discarded" in warnings[0].getMessage()

@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from clemprm import evaluation, merge
+from clemprm.evaluation import evaluate
+from clemprm.stages import merge
 from clemprm.config import eval_mode_params
-from clemprm.models import ModelConfig, build_tiny_model, load_tokenizer_and_model
+from clemprm.models.loader import ModelConfig, build_tiny_model, load_tokenizer_and_model
 from tests.conftest import tiny_config
 from tests.test_prm import synthetic_rows, write_labels
 
@@ -173,8 +174,8 @@ def test_greedy_merged_plays_the_episodes_of_greedy_sft(test_cache_dir, tmp_path
     config = tiny_config(eval={"max_new_tokens": 12})
     played = {}
     for mode in ("greedy_base", "greedy_sft", "greedy_merged"):
-        rows = evaluation.evaluate_mode(mode, eval_mode_params(config, mode), str(tmp_path / f"{mode}.parquet"),
-                                        test_cache_dir, sft_adapter=adapter, merged_model=str(tmp_path / "merged"))
+        rows = evaluate.evaluate_mode(mode, eval_mode_params(config, mode), str(tmp_path / f"{mode}.parquet"),
+                                      test_cache_dir, sft_adapter=adapter, merged_model=str(tmp_path / "merged"))
         played[mode] = [(row["episode_id"], [turn["response"] for turn in row["turns"]], row["aborted"],
                          None if row["aborted"] else row["bench_score"]) for row in rows]
     assert played["greedy_merged"] == played["greedy_sft"]

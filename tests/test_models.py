@@ -14,9 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import clemprm.generation as generation_module  # noqa: E402
-from clemprm.generation import Decoder, PolicyModel, SamplingParams, sample_tokens, strip_thinking  # noqa: E402
-from clemprm.models import (Generation, ModelConfig, build_tiny_model, cache_root,  # noqa: E402
+import clemprm.models.generation as generation_module  # noqa: E402
+from clemprm.models.generation import Decoder, PolicyModel, SamplingParams, sample_tokens, strip_thinking  # noqa: E402
+from clemprm.models.loader import (Generation, ModelConfig, build_tiny_model, cache_root,  # noqa: E402
                             load_tokenizer_and_model, parse_spec, resolve_model_dir)
 
 MESSAGES = [
@@ -375,7 +375,7 @@ def test_shared_prefix_prefill_is_exact(tiny_llama_dir, test_cache_dir):
     assert llama.name == Path(tiny_llama_dir).name
     system = {"role": "system", "content": "You play a guessing game. Answer with GUESS: and a number from 1 to 10."}
     perspectives = [[system] + m for m in MESSAGES if m[0]["role"] != "system"]
-    import clemprm.generation as generation
+    import clemprm.models.generation as generation
     fast_calls = generation.FAST_ATTENTION_CALLS
     shapes = []
     forward = llama.decoder._forward
@@ -480,7 +480,7 @@ def test_prefix_store_keeps_the_longest_prefix_within_budget():
 
 MALLINFO_PROGRAM = """
 import ctypes, sys, torch
-from clemprm.models import keep_freed_memory
+from clemprm.models.loader import keep_freed_memory
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -537,7 +537,7 @@ def test_embedded_smollm2_converts_once_and_answers(smollm2, caplog):
     marker = folder / ".clemprm-complete.json"
     assert json.loads(marker.read_text())["source"].endswith(".gguf")
     before = marker.stat()
-    with caplog.at_level("INFO", logger="clemprm.models"):
+    with caplog.at_level("INFO", logger="clemprm.models.loader"):
         assert Path(resolve_model_dir(cfg)) == folder   # a second load reuses the conversion
         policy = PolicyModel(cfg, max_new_tokens=12)
     assert "converting embedded model" not in caplog.text

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from clemprm import prm, records
-from clemprm.models import ModelConfig
+from clemprm import records
+from clemprm.stages import prm
+from clemprm.models.loader import ModelConfig
 from tests.conftest import tiny_config
 
 MARKER = "apple"
@@ -292,7 +293,7 @@ def test_shared_prefixes_give_the_full_sequence_scores(trained):
 def test_a_model_without_a_shareable_cache_scores_in_full(trained, monkeypatch, caplog):
     scorer = trained["scorer"]
     monkeypatch.setattr(prm, "prefix_sharing_problem", lambda model: "cache layers SomeLayer")
-    with caplog.at_level("INFO", logger="clemprm.prm"):
+    with caplog.at_level("INFO", logger="clemprm.stages.prm"):
         fallback = prm.PRMScorer(scorer.cfg, tokenizer=scorer.tokenizer, model=scorer.model)
         pairs = best_of_n_pairs()
         scores = fallback.score(pairs) + fallback.score(pairs)

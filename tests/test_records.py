@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from clemprm import evaluation, labels, prm, records, sft, stages
+from clemprm import records
+from clemprm.evaluation import evaluate
+from clemprm.stages import labels, prm, rollouts, sft
 from tests.conftest import binary_search_answer, tiny_config
 
 CONFIG = tiny_config(games={"builtin": ["guessnumber"]}, labels={"k": 2})
@@ -25,13 +27,13 @@ def real_files(tmp_path_factory, scripted_policy):
     folder = tmp_path_factory.mktemp("records")
     policy = scripted_policy(binary_search_answer)
     paths = {name: folder / f"{name}.parquet" for name in RETYPED}
-    stages.base_rollouts(CONFIG, str(paths["episodes"]), policy=policy)
-    assert stages.win_filter(CONFIG, str(paths["episodes"]), str(paths["sft_data"]))
+    rollouts.base_rollouts(CONFIG, str(paths["episodes"]), policy=policy)
+    assert rollouts.win_filter(CONFIG, str(paths["episodes"]), str(paths["sft_data"]))
     labels.branch_points(CONFIG, None, str(folder / "sft_train_episodes.parquet"), str(paths["branch_points"]),
                          policy=policy)
     labels.soft_labels_shard(CONFIG, str(paths["branch_points"]), None, 0, 1, str(paths["shard"]), policy=policy)
     labels.gather_soft_labels(CONFIG, str(paths["branch_points"]), [str(paths["shard"])], str(paths["soft_labels"]))
-    evaluation.evaluate_mode("greedy_base", CONFIG, str(paths["eval"]), policy=policy)
+    evaluate.evaluate_mode("greedy_base", CONFIG, str(paths["eval"]), policy=policy)
     assert all(records.read_records(path) for path in paths.values())
     return paths
 
@@ -56,7 +58,7 @@ def retyped_column(good, bad):
 
 
 def run_win_filter(paths, bad, out):
-    stages.win_filter(CONFIG, str(bad), str(out / "sft_data.parquet"))
+    rollouts.win_filter(CONFIG, str(bad), str(out / "sft_data.parquet"))
 
 
 def run_sft(paths, bad, out):
@@ -81,7 +83,7 @@ def run_prm(paths, bad, out):
 
 
 def run_eval_summary(paths, bad, out):
-    evaluation.summarize_eval(CONFIG, [str(paths["eval"]), str(bad)], str(out / "prm_eval.json"))
+    evaluate.summarize_eval(CONFIG, [str(paths["eval"]), str(bad)], str(out / "prm_eval.json"))
 
 
 # (stage, the input it gets bad, the record type that input is)

@@ -10,11 +10,13 @@ import shutil
 import pytest
 import torch
 
-from clemprm import evaluation, records, sft
-from clemprm.catalog import GameCatalog, Instance
+from clemprm import records
+from clemprm.evaluation import evaluate
+from clemprm.stages import sft
+from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.config import eval_mode_params
-from clemprm.engine import RolloutEngine, Sampling
-from clemprm.models import ModelConfig, load_tokenizer_and_model
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, prime, trainer
 from clemprm.rl.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, selective_log_softmax, using_adapter
@@ -326,8 +328,8 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
     config = tiny_config(games={"max_instances": {"train": 1, "validation": 1, "test": 1}},
                          eval={"n": 2, "max_new_tokens": 8})
     mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": config["rl"]}
-    rows = evaluation.evaluate_mode("best_of_n_implicit", mode_settings, str(tmp_path / "implicit.parquet"),
-                                    test_cache_dir, sft_adapter=half_and_half_sft, rl_adapter=str(tmp_path / "rl"))
+    rows = evaluate.evaluate_mode("best_of_n_implicit", mode_settings, str(tmp_path / "implicit.parquet"),
+                                  test_cache_dir, sft_adapter=half_and_half_sft, rl_adapter=str(tmp_path / "rl"))
     assert len(rows) == 3 and all(row["search_nodes"] == 2 * row["n_turns"] for row in rows)
     assert sum(row["prm_pairs"] for row in rows) > 0
     run = records.read_provenance(tmp_path / "implicit.parquet")["run"]

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from clemprm.catalog import GameCatalog
-from clemprm.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.search import RandomScorer
 from clemprm.search.beam_search import Beam, beam_search
 from clemprm.search.best_of_n import best_of_n
@@ -18,7 +18,7 @@ JUNK = "I have no idea."
 
 
 class ScriptedPRM:
-    """A test double of :class:`clemprm.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
+    """A test double of :class:`clemprm.stages.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
     is recorded."""
 
     def __init__(self, value):
@@ -37,7 +37,7 @@ def catalog():
 
 @pytest.fixture(scope="module")
 def seeded_policy(scripted_policy):
-    from clemprm.models import Generation
+    from clemprm.models.loader import Generation
 
     class SeededPolicy(scripted_policy):
         """A policy whose answer is ``answer(messages, seed)``: candidates differ by seed, as sampled ones do."""
@@ -182,7 +182,7 @@ def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
 
 @pytest.fixture(scope="module")
 def tiny_policy(test_cache_dir):
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
     return load_policy(tiny_config()["model"], test_cache_dir)
 
 
@@ -209,7 +209,8 @@ def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_
 def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded_policy, tmp_path, test_cache_dir):
     """The real PRM in the loop: trained (tiny model) on oddoneout train prompts where answers naming the marker
     word are labelled high, it then picks the marker answer among sampled ones on unseen validation prompts."""
-    from clemprm import prm, records
+    from clemprm import records
+    from clemprm.stages import prm
     from tests.test_prm import MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row
 
     engine = RolloutEngine(catalog, SAMPLING)

@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from clemprm import records, sft, stages
+from clemprm import records
+from clemprm.stages import rollouts, sft
 from clemprm.checks.run_time import StageFailure
-from clemprm.models import ModelConfig, PolicyModel
+from clemprm.models.loader import ModelConfig, PolicyModel
 from tests.conftest import binary_search_answer, tiny_config
 
 # A tiny synthetic task: three prompts, each with one fixed answer, over several instances (so validation
@@ -143,9 +144,9 @@ def trained(tmp_path_factory, test_cache_dir, scripted_policy):
     tmp = tmp_path_factory.mktemp("sft")
     config = tiny_config(games={"builtin": ["guessnumber"], "max_instances": {"train": 2, "validation": 2, "test": 1}})
     episodes = tmp / "episodes.parquet"
-    stages.base_rollouts({k: config[k] for k in ("seed", "model", "games", "base_rollouts")}, str(episodes),
-                         policy=scripted_policy(binary_search_answer, name="oracle"))
-    wins = stages.win_filter({"win_filter": config["win_filter"]}, str(episodes), str(tmp / "wins.parquet"))
+    rollouts.base_rollouts({k: config[k] for k in ("seed", "model", "games", "base_rollouts")}, str(episodes),
+                           policy=scripted_policy(binary_search_answer, name="oracle"))
+    wins = rollouts.win_filter({"win_filter": config["win_filter"]}, str(episodes), str(tmp / "wins.parquet"))
     data = tmp / "sft_data.parquet"
     records.write_records(data, wins + synthetic_rows(per_instance=1), records.INTERACTIONS, {})
     settings = sft_settings(lr=5e-3, epochs=6, batch_size=8, warmup_ratio=0.0, max_examples=None,
@@ -197,8 +198,8 @@ def test_trained_answers_become_greedy_answers_of_base_plus_adapter(trained, bas
 
 
 def test_adapter_plays_games_through_the_engine_differently_from_the_base(trained, base_policy, test_cache_dir):
-    from clemprm.catalog import GameCatalog
-    from clemprm.engine import RolloutEngine, Sampling
+    from clemprm.play.catalog import GameCatalog
+    from clemprm.play.engine import RolloutEngine, Sampling
 
     catalog = GameCatalog(trained["games"])
     instances = catalog.all_instances("validation")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from clemprm import records, stages
+from clemprm import records
+from clemprm.stages import rollouts
 from tests.conftest import binary_search_answer, tiny_config
 
 
@@ -17,12 +18,12 @@ def test_base_rollouts_then_win_filter_make_playpen_interactions(scripted_policy
 
     policy = scripted_policy(answer, name="scripted-policy")
     episodes_path = tmp_path / "episodes.parquet"
-    rows = stages.base_rollouts(settings, str(episodes_path), policy=policy)
+    rows = rollouts.base_rollouts(settings, str(episodes_path), policy=policy)
     assert {row["game"] for row in rows} == {"guessnumber", "oddoneout"}
     assert records.read_provenance(episodes_path)["config"]["base_rollouts"] == config["base_rollouts"]
 
     sft_path = tmp_path / "sft.parquet"
-    interactions = stages.win_filter({"win_filter": config["win_filter"]}, str(episodes_path), str(sft_path))
+    interactions = rollouts.win_filter({"win_filter": config["win_filter"]}, str(episodes_path), str(sft_path))
     wins = [row for row in rows if row["success"]]
     assert wins and len(interactions) == len(wins)  # one LLM player per guessnumber episode
     assert pq.read_schema(sft_path).names == ["messages", "meta"]
@@ -39,8 +40,8 @@ def test_win_filter_threshold_on_bench_score(scripted_policy, tmp_path):
     config = tiny_config(games={"builtin": ["guessnumber"]})
     settings = {name: config[name] for name in ("seed", "model", "games", "base_rollouts")}
     episodes_path = tmp_path / "episodes.parquet"
-    rows = stages.base_rollouts(settings, str(episodes_path), policy=scripted_policy(binary_search_answer))
+    rows = rollouts.base_rollouts(settings, str(episodes_path), policy=scripted_policy(binary_search_answer))
     threshold = 50.0
-    kept = stages.win_filter({"win_filter": {"require_success": True, "min_bench_score": threshold}},
-                             str(episodes_path), str(tmp_path / "sft.parquet"))
+    kept = rollouts.win_filter({"win_filter": {"require_success": True, "min_bench_score": threshold}},
+                               str(episodes_path), str(tmp_path / "sft.parquet"))
     assert len(kept) == sum(row["bench_score"] >= threshold for row in rows) < len(rows)

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from clemprm import evaluation, records, report
+from clemprm import records
+from clemprm.evaluation import evaluate, report
 from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -152,7 +153,7 @@ def test_prm_adapter(completed_run):
 def test_eval_modes_and_summary(completed_run):
     results = completed_run.workdir / "results"
     summary = json.loads((results / "prm_eval.json").read_text())
-    jsonschema.validate(summary, json.loads(evaluation.SCHEMA_PATH.read_text()))
+    jsonschema.validate(summary, json.loads(evaluate.SCHEMA_PATH.read_text()))
     assert set(summary["modes"]) == EVAL_MODES
     for mode in EVAL_MODES:
         rows = records.read_records(results / f"eval/{mode}.parquet", records.EVAL_EPISODES)

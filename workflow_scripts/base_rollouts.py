@@ -2,7 +2,7 @@ from clemprm.workflow import setup_job
 
 setup_job(snakemake)
 
-from clemprm import stages  # noqa: E402  (after setup_job: offline mode is read at import)
+from clemprm.stages import rollouts  # noqa: E402  (after setup_job: offline mode is read at import)
 
-stages.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"],
-                     on_failure=snakemake.config["on_failure"])
+rollouts.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"],
+                       on_failure=snakemake.config["on_failure"])

@@ -2,7 +2,7 @@ from clemprm.workflow import setup_job
 
 setup_job(snakemake)
 
-from clemprm import labels  # noqa: E402  (after setup_job: offline mode is read at import)
+from clemprm.stages import labels  # noqa: E402  (after setup_job: offline mode is read at import)
 
 labels.branch_points(snakemake.params.settings, snakemake.input.adapter, snakemake.output.episodes,
                      snakemake.output.branch_points, snakemake.config["cache_dir"],

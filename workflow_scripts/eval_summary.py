@@ -2,6 +2,6 @@ from clemprm.workflow import setup_job
 
 setup_job(snakemake)
 
-from clemprm import evaluation  # noqa: E402
+from clemprm.evaluation import evaluate  # noqa: E402
 
-evaluation.summarize_eval(snakemake.params.settings, list(snakemake.input), snakemake.output[0])
+evaluate.summarize_eval(snakemake.params.settings, list(snakemake.input), snakemake.output[0])

@@ -2,7 +2,7 @@ from clemprm.workflow import setup_job
 
 setup_job(snakemake)
 
-from clemprm import labels  # noqa: E402  (after setup_job: offline mode is read at import)
+from clemprm.stages import labels  # noqa: E402  (after setup_job: offline mode is read at import)
 
 labels.soft_labels_shard(snakemake.params.settings, snakemake.input.branch_points, snakemake.input.adapter,
                          int(snakemake.wildcards.shard), int(snakemake.wildcards.shards), snakemake.output[0],

@@ -6,7 +6,7 @@ game code:
 * ``model.spec`` (and ``prm.base_model``) resolve: a known ``embedded:``/``tiny:`` spec, an existing local folder,
   or a hub id; no weights are loaded;
 * ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
-  (:func:`clemprm.catalog.clembench_specs`) with its instances file;
+  (:func:`clemprm.play.catalog.clembench_specs`) with its instances file;
 * each game's Python imports resolve: the modules its ``master.py`` imports at module level, followed through the
   game's own modules (read with :mod:`ast`, never executed), must be importable here;
 * the NLTK data a game downloads at import time (``nltk.download("stopwords")`` in taboo, ``"wordnet"`` in taboo
@@ -42,7 +42,7 @@ def check_config_inputs(config: dict) -> None:
 
 def model_problems(spec: str, key: str) -> list[str]:
     """Why ``spec`` cannot name a model here ([] when it can): a malformed or unknown spec, a missing folder."""
-    from clemprm.models import parse_spec
+    from clemprm.models.loader import parse_spec
 
     try:
         kind, value = parse_spec(spec)
@@ -55,7 +55,7 @@ def model_problems(spec: str, key: str) -> list[str]:
 
 def clembench_problems(games: dict) -> list[str]:
     """Why the configured clembench games cannot be played here ([] when they can)."""
-    from clemprm.catalog import clembench_specs, instances_file
+    from clemprm.play.catalog import clembench_specs, instances_file
 
     names = games.get("clembench_games") or []
     if not names:

@@ -25,7 +25,7 @@ REFERENCE = "reference"
 
 @dataclasses.dataclass
 class ImplicitStats:
-    """Running counters (as :class:`clemprm.prm.PRMStats`)."""
+    """Running counters (as :class:`clemprm.stages.prm.PRMStats`)."""
 
     calls: int = 0
     pairs: int = 0
@@ -40,8 +40,8 @@ class ImplicitPRMScorer:
     """``score(pairs) -> [beta * sum log-ratio]`` for (perspective messages, candidate) pairs."""
 
     def __init__(self, cfg, sft_adapter: str, beta: float):
-        from clemprm.models import _as_list, load_tokenizer_and_model, resolve_dtype
-        from clemprm.sft import ChatFormat
+        from clemprm.models.loader import _as_list, load_tokenizer_and_model, resolve_dtype
+        from clemprm.stages.sft import ChatFormat
 
         tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
         model.load_adapter(str(sft_adapter), adapter_name=REFERENCE, is_trainable=False)
@@ -75,7 +75,7 @@ class ImplicitPRMScorer:
 def load_implicit_prm(model_settings: dict, rl_adapter: str, sft_adapter: str, beta: float,
                       cache_dir: str | None = None) -> ImplicitPRMScorer:
     """The implicit PRM of the RL adapter folder ``rl_adapter`` (its ``prm/`` sub-folder, written by PRIME)."""
-    from clemprm.models import ModelConfig
+    from clemprm.models.loader import ModelConfig
 
     folder = Path(rl_adapter) / "prm"
     if not (folder / "adapter_config.json").is_file():

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clemprm.catalog import Instance
-from clemprm.engine import Progress, RolloutEngine, Sampling, derive_seed
+from clemprm.play.catalog import Instance
+from clemprm.play.engine import Progress, RolloutEngine, Sampling, derive_seed
 
 
 @dataclass

@@ -38,14 +38,14 @@ from pathlib import Path
 
 import torch
 
-from clemprm.catalog import GameCatalog, Instance, _round_robin
-from clemprm.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.play.catalog import GameCatalog, Instance, _round_robin
+from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.rl.grpo import GRPO, summary
 from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups
-from clemprm.sft import save_adapter
+from clemprm.stages.sft import save_adapter
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
 def load_training_model(model_settings: dict, sft_adapter: str, cache_dir: str | None, *, implicit_prm: bool):
     """``(model config, tokenizer, PEFT model)``: the base with the SFT adapter as the trainable policy adapter
     (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference."""
-    from clemprm.models import ModelConfig, load_tokenizer_and_model
-    from clemprm.sft import device_name, keep_4bit_differentiable
+    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+    from clemprm.stages.sft import device_name, keep_4bit_differentiable
 
     cfg = ModelConfig.from_dict({**model_settings, "adapter": str(sft_adapter), "cache_dir": cache_dir})
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
@@ -181,9 +181,9 @@ class RLTrainer:
     """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
 
     def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog):
-        from clemprm.generation import PolicyModel
-        from clemprm.models import resolve_dtype
-        from clemprm.sft import device_name
+        from clemprm.models.generation import PolicyModel
+        from clemprm.models.loader import resolve_dtype
+        from clemprm.stages.sft import device_name
 
         self.settings, self.rl, self.seed = settings, settings["rl"], int(settings["seed"])
         self.model, self.tokenizer = model, tokenizer
@@ -284,8 +284,8 @@ def train_rl(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: s
     """The ``rl_adapter`` stage: RL of the SFT policy on the train split of every configured game; writes the
     policy adapter (and, for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
     ``settings`` is the rule's params: seed, model, games, rl."""
-    from clemprm.models import resolve_quantization
-    from clemprm.sft import finish_metrics
+    from clemprm.models.loader import resolve_quantization
+    from clemprm.stages.sft import finish_metrics
 
     start = time.perf_counter()
     rl = settings["rl"]

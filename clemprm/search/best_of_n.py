@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clemprm.engine import Episode, Progress, RolloutEngine, Sampling
+from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
 from clemprm.search import SearchCost, score_candidates
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import time
 
-from clemprm.prm import PRMStats, micro_batches, pad_left
+from clemprm.stages.prm import PRMStats, micro_batches, pad_left
 
 
 def mean_logprobs(policy, pairs: list[tuple[list[dict], str]]) -> list[float]:
     """Mean log-probability (temperature 1) per token of each candidate after its prompt, as ``policy``
-    (:class:`clemprm.generation.PolicyModel`) samples it: the prompt as the policy renders it (generation prompt
+    (:class:`clemprm.models.generation.PolicyModel`) samples it: the prompt as the policy renders it (generation prompt
     included), then the candidate's tokens and the end token (stopping there is part of the answer; an empty
     answer is its end token alone). A sequence over ``model.max_context_tokens`` keeps its end; a prompt that
     cannot be rendered scores -inf. Micro-batches of at most ``model.token_budget``

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 
 from clemprm import records
-from clemprm.catalog import GameCatalog, Instance
+from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.config import provenance
-from clemprm.engine import Episode, RolloutEngine, Sampling
-from clemprm.labels import evenly_spaced
+from clemprm.play.engine import Episode, RolloutEngine, Sampling
+from clemprm.stages.labels import evenly_spaced
 
 log = logging.getLogger(__name__)
 

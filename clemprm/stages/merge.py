@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clemprm.config import provenance, sections
-from clemprm.sft import peak_memory_mb, sample_at_most, split_instances, write_json
+from clemprm.stages.sft import peak_memory_mb, sample_at_most, split_instances, write_json
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _held_out(examples: list, keys: list, fraction: float, seed: int, n: int) ->
 
 def sft_examples(settings: dict, tokenizer, eos_ids: list, data_path: str, n: int, max_tokens: int) -> Examples:
     """``n`` prompt + answer pairs of the SFT stage's held-out instances, rendered and split as it did."""
-    from clemprm import sft as sft_stage
+    from clemprm.stages import sft as sft_stage
 
     sft = settings["sft"]
     chat = sft_stage.ChatFormat(tokenizer, settings["model"].get("chat_template_kwargs"), eos_ids)
@@ -111,7 +111,7 @@ def sft_examples(settings: dict, tokenizer, eos_ids: list, data_path: str, n: in
 
 def prm_examples(settings: dict, tokenizer, labels_path: str, n: int, max_tokens: int) -> Examples:
     """``n`` soft-labelled branch points of the PRM stage's held-out instances, as the PRM reads them."""
-    from clemprm import prm as prm_stage
+    from clemprm.stages import prm as prm_stage
 
     prm = settings["prm"]
     examples = prm_stage.build_examples(prm_stage.read_labels(labels_path), tokenizer,
@@ -140,8 +140,8 @@ def build_examples(task: str, settings: dict, tokenizer, model, data_path: str) 
 def adapted_model_config(task: str, settings: dict, adapter_dir: str, dtype: str = "float32",
                          cache_dir: str | None = None):
     """The adapter's base (the PRM's: ``prm.base_model`` or ``model.spec``) + the adapter, unquantized, in ``dtype``."""
-    from clemprm.models import ModelConfig
-    from clemprm.prm import prm_model_config
+    from clemprm.models.loader import ModelConfig
+    from clemprm.stages.prm import prm_model_config
 
     model = {**settings["model"], "quantization": "none", "dtype": dtype}
     if task == "seq-cls":
@@ -255,7 +255,7 @@ class Merged:
 def merge_adapter(cfg, task: str, *, naive: bool = False) -> Merged:
     """Load ``cfg`` (base + adapter, through the loader) and merge it: adapted shared weights untied first, every
     LoRA layer merged in the weights' dtype; or, ``naive``, by PEFT's own ``merge_and_unload()`` (a contrast)."""
-    from clemprm.models import load_tokenizer_and_model
+    from clemprm.models.loader import load_tokenizer_and_model
 
     tokenizer, peft_model = load_tokenizer_and_model(cfg, task=task)
     trained = saved_modules(peft_model)
@@ -439,7 +439,7 @@ def verify(task: str, settings: dict, cfg, merged_dir: Path, data_path: str, unt
            cache_dir: str | None) -> dict:
     """The verification rows: the merged folder (loaded back through the loader) and, for contrast, the adapter's
     own effect and the wrong merges, each against the reference PEFT(base fp32 + adapter) ``cfg``; the examples."""
-    from clemprm.models import ModelConfig, load_tokenizer_and_model
+    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 
     tokenizer, reference_model = load_tokenizer_and_model(cfg, task=task)
     examples = build_examples(task, settings, tokenizer, reference_model, data_path)

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from clemprm import gated_delta
-from clemprm.clemcore_setup import import_clemcore_backends, merge_roles
-from clemprm.models import ModelConfig, load_tokenizer_and_model
+from clemprm.models import gated_delta
+from clemprm.play.clemcore_setup import import_clemcore_backends, merge_roles
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class RowState:
 
 def snapshot_rows(cache, attention: torch.Tensor, captured=None) -> list[RowState]:
     """Copies of every row's state (``attention``: the 2D mask over the cache, 1 at a row's real positions). With
-    ``captured`` (:class:`clemprm.gated_delta.CapturedStates` of the pass that filled the cache), the state
+    ``captured`` (:class:`clemprm.models.gated_delta.CapturedStates` of the pass that filled the cache), the state
     before the pass's last ``captured.last`` tokens."""
     linear = _linear_attention_layer_class()
     if captured is not None:
@@ -522,7 +522,7 @@ class Decoder:
         text_config = getattr(model.config, "text_config", model.config)
         recurrent = "linear_attention" in (getattr(text_config, "layer_types", None) or [])
         # continuing rows are padded in the middle and conversation states are taken inside a pass: plain for
-        # attention layers, done by clemprm.gated_delta (CPU only) for Gated-DeltaNet layers
+        # attention layers, done by clemprm.models.gated_delta (CPU only) for Gated-DeltaNet layers
         reusable = (bool(prefix_store_bytes and self.generation_prompt) and snapshottable(make_cache(model, 1))
                     and (not recurrent or self.device.type == "cpu"))
         self.prefix_store = PrefixStore(prefix_store_bytes) if reusable else None

@@ -13,7 +13,7 @@ Branch points
 
 Soft labels
     A branch point's game state is rebuilt by replaying its ``history``: games are deterministic given the
-    instance, the answers and the episode's own random generators (:mod:`clemprm.engine`), so a replay that does
+    instance, the answers and the episode's own random generators (:mod:`clemprm.play.engine`), so a replay that does
     not reproduce the recorded prefix is a bug of that game (or of its set-up here): the shard fails, naming the
     game and the branch point. From there K forks are played to the end by the SFT policy, all continuations of all
     branch points of a chunk in lockstep through the one rollout engine. Each continuation is scored by the game's
@@ -46,10 +46,10 @@ import shutil
 from pathlib import Path
 
 from clemprm import records
-from clemprm.catalog import GameCatalog, Instance
+from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn
 from clemprm.config import provenance
-from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
+from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
                   cache_dir: str | None = None, policy=None, on_failure: str = "stop") -> list[dict]:
     """The SFT policy plays the train split; write its episodes and their branch points. Fails when every
     episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue."""
-    from clemprm.stages import load_policy, summarize
+    from clemprm.stages.rollouts import load_policy, summarize
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
@@ -433,7 +433,7 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
     log.info("soft labels shard %d/%d: %d branch points, %d done in the checkpoint, %d to label (K=%d)",
              shard, shards, len(mine), len(done), len(todo), label_settings["k"])
     if todo:
-        from clemprm.stages import load_policy
+        from clemprm.stages.rollouts import load_policy
 
         model_settings = sft_policy_settings(settings["model"], sft_adapter)
         policy = policy or load_policy({**model_settings, "threads": threads or model_settings["threads"]}, cache_dir)

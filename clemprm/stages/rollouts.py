@@ -10,17 +10,17 @@ import collections
 import logging
 
 from clemprm import records
-from clemprm.catalog import GameCatalog
+from clemprm.play.catalog import GameCatalog
 from clemprm.checks.run_time import check_episodes, check_instances
 from clemprm.config import provenance
-from clemprm.engine import RolloutEngine, Sampling
+from clemprm.play.engine import RolloutEngine, Sampling
 
 log = logging.getLogger(__name__)
 
 
 def load_policy(model_settings: dict, cache_dir: str | None = None):
     """The policy as a clemcore model, through the one model loader."""
-    from clemprm.models import ModelConfig, PolicyModel
+    from clemprm.models.loader import ModelConfig, PolicyModel
 
     return PolicyModel(ModelConfig.from_dict({**model_settings, "cache_dir": cache_dir}))
 

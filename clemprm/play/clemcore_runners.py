@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clemprm.catalog import Instance
-from clemprm.clemcore_setup import import_clemcore
+from clemprm.play.catalog import Instance
+from clemprm.play.clemcore_setup import import_clemcore
 
 
 @dataclass
@@ -56,7 +56,7 @@ def run_clemcore(runner: str, benchmark, instances: list[Instance], model, batch
 
 def run_clemcore_branching(roots: list, k: int, aborted_value: float) -> list[list[float]]:
     """Soft-label continuations with clemcore's branching runner: from each root episode (a branch point's
-    state, see :class:`clemprm.labels.BranchPointStates`) ``k`` branches are played to the end one at a time.
+    state, see :class:`clemprm.stages.labels.BranchPointStates`) ``k`` branches are played to the end one at a time.
     Returns each root's continuation scores (0-100; an aborted one ``aborted_value`` x 100)."""
     import copy
     import math

@@ -9,7 +9,7 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
                  control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
 ``beam_search``  the SFT policy; beams of forked games ranked by the PRM
-``greedy_merged`` the merged SFT checkpoint (``results/merged/sft``, :mod:`clemprm.merge`), temperature 0: on CPU in
+``greedy_merged`` the merged SFT checkpoint (``results/merged/sft``, :mod:`clemprm.stages.merge`), temperature 0: on CPU in
                  fp32 it plays the episodes of ``greedy_sft``; only played when listed in ``eval.modes``
 ``best_of_n_implicit``  ``best_of_n`` with PRIME's implicit PRM (:mod:`clemprm.rl.implicit_scorer`) instead of the
                  Monte-Carlo PRM: the same candidates (same seeds), another ranking
@@ -42,17 +42,17 @@ import numpy as np
 import pandas as pd
 
 from clemprm import records
-from clemprm.catalog import GameCatalog
+from clemprm.play.catalog import GameCatalog
 from clemprm.checks.run_time import check_episodes, check_instances, failures_by_game
 from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
-from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed
-from clemprm.labels import sft_policy_settings
+from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed
+from clemprm.stages.labels import sft_policy_settings
 from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
 from clemprm.search.logprob import LogprobScorer
-from clemprm.sft import write_json
-from clemprm.stages import load_policy, summarize
+from clemprm.stages.sft import write_json
+from clemprm.stages.rollouts import load_policy, summarize
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of
     ``on_failure: continue`` (a mode in which every episode of a game failed otherwise fails,
     :mod:`clemprm.checks.run_time`).
-    ``merged_model``: the merged SFT folder (:mod:`clemprm.merge`) that ``greedy_merged`` plays.
+    ``merged_model``: the merged SFT folder (:mod:`clemprm.stages.merge`) that ``greedy_merged`` plays.
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
@@ -144,7 +144,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         model = settings["model"] if mode == "greedy_base" else sft_policy_settings(settings["model"], sft_adapter)
         policy = load_policy(model, cache_dir)
     if mode in PRM_MODES and prm is None:
-        from clemprm.prm import load_prm
+        from clemprm.stages.prm import load_prm
 
         prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
     if mode == "best_of_n_implicit" and prm is None:

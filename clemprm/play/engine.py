@@ -14,7 +14,7 @@ Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path in DESI
   replaying an episode's answers rebuilds the same game, whatever else is played beside it.
 
 A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
-max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.PolicyModel`, or a scripted policy in tests).
+max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.loader.PolicyModel`, or a scripted policy in tests).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clemprm.catalog import GameCatalog, Instance
-from clemprm.clemcore_setup import import_clemcore, merge_roles, record_validation, take_validation_verdict
+from clemprm.play.catalog import GameCatalog, Instance
+from clemprm.play.clemcore_setup import import_clemcore, merge_roles, record_validation, take_validation_verdict
 
 log = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ class RolloutEngine:
     def replay(self, episode: Episode, responses: list[str]) -> Episode:
         """Play recorded answers (no generation) to rebuild a game state; the games are deterministic given
         their instance and the answers, so the state equals the one the answers were first given in."""
-        from clemprm.generation import Generation
+        from clemprm.models.generation import Generation
 
         for text in responses:
             if episode.done:

@@ -7,7 +7,7 @@ Data
     Messages are normalised as the clemcore backends send them (consecutive same-role messages merged,
     an empty system message dropped), then every assistant turn becomes one prompt/completion pair: the
     prompt is the conversation before it, rendered with the chat template and the generation prompt
-    exactly as :class:`clemprm.generation.PolicyModel` renders it at play time (``chat_template_kwargs``
+    exactly as :class:`clemprm.models.generation.PolicyModel` renders it at play time (``chat_template_kwargs``
     included), the completion is the answer text plus the template's end-of-turn token. The loss is on the
     completion tokens only (TRL ``completion_only_loss`` on pre-tokenised ``input_ids`` +
     ``completion_mask``), which works for every chat template.
@@ -53,7 +53,7 @@ from pathlib import Path
 
 from clemprm import records
 from clemprm.checks.run_time import check_not_empty
-from clemprm.clemcore_setup import merge_roles
+from clemprm.play.clemcore_setup import merge_roles
 from clemprm.config import provenance
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class ChatFormat:
         self.end_text = self._end_of_turn(eos_token_ids)
 
     def render_prompt(self, messages: list[dict]) -> str:
-        """As :meth:`clemprm.generation.PolicyModel.render`: the chat template with the generation prompt."""
+        """As :meth:`clemprm.models.generation.PolicyModel.render`: the chat template with the generation prompt."""
         return self.tokenizer.apply_chat_template(normalise(messages), add_generation_prompt=True, tokenize=False,
                                                   **self.kwargs)
 
@@ -405,7 +405,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     from transformers import EarlyStoppingCallback, PrinterCallback
     from trl import SFTTrainer
 
-    from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
 
     import datasets
     datasets.disable_progress_bars()   # the rule log gets LogProgress lines instead

@@ -59,8 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
-from clemprm.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+from clemprm.stages.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
                          lora_config, normalise, progress_callback, sample_at_most, save_adapter,
                          split_instances)
 
@@ -504,11 +504,11 @@ def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], sa
     """What a search needs of a scorer, on the prefixes of ``examples`` with two or more siblings: within-prefix
     pairwise accuracy (among siblings with different labels) and top-1 regret, overall (pooled over prefixes) and
     per game, with percentile bootstrap intervals over instances resampled within each game (the helpers of
-    :mod:`clemprm.evaluation`; the same draws for every scorer, so their intervals compare on equal terms)."""
+    :mod:`clemprm.evaluation.evaluate`; the same draws for every scorer, so their intervals compare on equal terms)."""
     import numpy as np
     import pandas as pd
 
-    from clemprm.evaluation import OVERALL, bootstrap_weights, interval
+    from clemprm.evaluation.evaluate import OVERALL, bootstrap_weights, interval
 
     by_prefix = collections.defaultdict(list)
     for index, example in enumerate(examples):
@@ -689,9 +689,9 @@ def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list
     """The SFT policy's (the base policy's without ``sft_adapter``) mean token log-probability of each example's
     candidate after its prefix, by row (:func:`clemprm.search.logprob.mean_logprobs`); the policy is released
     after."""
-    from clemprm.labels import sft_policy_settings
+    from clemprm.stages.labels import sft_policy_settings
     from clemprm.search.logprob import mean_logprobs
-    from clemprm.stages import load_policy
+    from clemprm.stages.rollouts import load_policy
 
     if not examples:
         return {}

@@ -122,7 +122,7 @@ class GameCatalog:
     """Loads game benchmarks once and lists instances per split; the engine asks it for game masters."""
 
     def __init__(self, games_config: dict):
-        from clemprm.clemcore_setup import load_game_benchmark  # clemcore import is slow: only when used
+        from clemprm.play.clemcore_setup import load_game_benchmark  # clemcore import is slow: only when used
         self.config = games_config
         self.game_dirs: dict[str, Path] = {name: builtin_game_dir(name) for name in games_config["builtin"]}
         self.instance_files: dict[str, Path] = {}  # clembench games: the one instances file played
@@ -148,7 +148,7 @@ class GameCatalog:
 
     def draws_global_randomness(self, game: str) -> bool:
         """Whether the game's code may draw from Python's ``random`` or NumPy's global generator (then each
-        episode plays with generators of its own, :meth:`clemprm.engine.Episode.own_generators`). Built-in games
+        episode plays with generators of its own, :meth:`clemprm.play.engine.Episode.own_generators`). Built-in games
         draw nothing from them (tests/test_engine.py checks it); clembench games may."""
         return game not in self.config["builtin"]
 

@@ -21,7 +21,7 @@ Embedded and tiny models are materialised once as HF folders under the cache dir
 folder and renamed into place, so concurrent jobs never see half-written models. The cache never lies
 under ``results/``.
 
-:class:`Generation` and :class:`PolicyModel` live in :mod:`clemprm.generation` and are importable from here.
+:class:`Generation` and :class:`PolicyModel` live in :mod:`clemprm.models.generation` and are importable from here.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ def build_tiny_model(seed: int, out: str | os.PathLike | None = None, *, tie_wor
     Layers: 3 linear-attention (Gated DeltaNet) + 1 full-attention, hidden 64, about 0.3M text parameters.
     Weights come from ``torch.manual_seed(seed)`` on CPU in fp32, so a seed gives the same model everywhere.
     A random model almost never ends its turn, so ``generation_config.sequence_bias`` adds ``TINY_EOS_BIAS``
-    to ``<|im_end|>`` (HF ``generate`` and :class:`clemprm.generation.PolicyModel` both apply it): most
+    to ``<|im_end|>`` (HF ``generate`` and :class:`clemprm.models.generation.PolicyModel` both apply it): most
     sampled answers end within about 20 tokens.
     Returns ``(tokenizer, model)`` (the model is a ``Qwen3_5ForConditionalGeneration``; ``AutoModelForCausalLM``
     loads the text part as ``Qwen3_5ForCausalLM``, as for the real checkpoints).
@@ -484,7 +484,7 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
 
     Applies threads, dtype (auto: fp32 on CPU, bf16 on CUDA), quantization (auto: NF4 double-quant with bf16
     compute on CUDA, none on CPU; ``nf4`` on CPU computes in fp32), a distinct pad token, the adapter
-    (``PeftModel``, trainable if ``for_training``), the CPU Gated-DeltaNet kernel (:mod:`clemprm.gated_delta`) and,
+    (``PeftModel``, trainable if ``for_training``), the CPU Gated-DeltaNet kernel (:mod:`clemprm.models.gated_delta`) and,
     on CPU, :func:`keep_freed_memory`.
     Quantized models loaded ``for_training`` go through ``peft.prepare_model_for_kbit_training`` (without
     gradient checkpointing: the trainer decides that).
@@ -493,7 +493,7 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from clemprm import gated_delta
+    from clemprm.models import gated_delta
 
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -543,8 +543,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
 
 
 def __getattr__(name: str):
-    # Generation and PolicyModel are defined in clemprm.generation (which imports this module).
+    # Generation and PolicyModel are defined in clemprm.models.generation (which imports this module).
     if name in ("Generation", "PolicyModel", "GenerationStats"):
-        from clemprm import generation
+        from clemprm.models import generation
         return getattr(generation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

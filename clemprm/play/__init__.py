@@ -1,0 +1,13 @@
+"""Playing games in-process: the one rollout engine and what it needs from clemcore.
+
+* :mod:`clemprm.play.engine`: :class:`~clemprm.play.engine.RolloutEngine` plays many episodes in lockstep (one
+  batched ``generate`` call per step for all of them); base rollouts, branch points, labels, RL and the searches
+  all play through it.
+* :mod:`clemprm.play.catalog`: finds a game (built-in or in a clembench checkout) and its instances, by split.
+* :mod:`clemprm.play.clemcore_setup`: clemcore glue, including the narrow adapters for games written against older
+  clemcore APIs.
+* :mod:`clemprm.play.clemcore_runners`: clemcore's own sequential runners, the engine's reference in tests and
+  benchmarks.
+
+The project's own games live next door in :mod:`clemprm.games`.
+"""

@@ -1,0 +1,10 @@
+"""The pipeline's training-side stages, one module each, in DAG order; each rule script calls one function here.
+
+* :mod:`clemprm.stages.rollouts`: base-policy rollouts and the win filter.
+* :mod:`clemprm.stages.sft`: the SFT LoRA adapter (QLoRA on CUDA) on the wins.
+* :mod:`clemprm.stages.labels`: branch points from the SFT policy and their K-rollout Monte-Carlo soft labels.
+* :mod:`clemprm.stages.prm`: the process reward model (a one-logit sequence classifier with LoRA) and its scorer.
+* :mod:`clemprm.stages.merge`: fp32 adapter merges with a verification report.
+
+Online RL (GRPO, PRIME) has its own room, :mod:`clemprm.rl`.
+"""
