@@ -47,7 +47,7 @@ from pathlib import Path
 
 from clemprm import records
 from clemprm.catalog import GameCatalog, Instance
-from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn
+from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn, marks_metadata
 from clemprm.config import provenance
 from clemprm.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
 
@@ -95,12 +95,13 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
 def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str, output: str,
                   cache_dir: str | None = None, policy=None, on_failure: str = "stop") -> list[dict]:
     """The SFT policy plays the train split; write its episodes and their branch points. Fails when every
-    episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue."""
+    episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue (then the branch
+    points' provenance records what the stage went on despite)."""
     from clemprm.stages import load_policy, summarize
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
-    check_instances("branch_points", catalog, "train", on_failure)
+    marks = check_instances("branch_points", catalog, "train", on_failure)
     policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
@@ -111,12 +112,13 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     if bp_settings["siblings"] > 1:
         rows = with_siblings(engine, BranchPointStates(engine, catalog, policy, settings["seed"]), rows,
                              bp_settings["siblings"], settings["seed"])
-    check_episodes("branch_points", episodes, on_failure)
-    check_not_empty("branch_points", "branch points", len(rows),
-                    f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} failed",
-                    on_failure)
-    records.write_records(episodes_output, episodes, records.EPISODES, provenance(settings))
-    records.write_records(output, rows, records.BRANCH_POINTS, provenance(settings))
+    marks += check_episodes("branch_points", episodes, on_failure)
+    marks += check_not_empty("branch_points", "branch points", len(rows),
+                             f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} "
+                             f"failed", on_failure, condition="no_branch_points")
+    metadata = {**provenance(settings), **marks_metadata(marks)}
+    records.write_records(episodes_output, episodes, records.EPISODES, metadata)
+    records.write_records(output, rows, records.BRANCH_POINTS, metadata)
     log.info("branch points: %d from %d SFT-policy episodes -> %s\n%s", len(rows), len(episodes), output,
              summarize(episodes))
     return rows
@@ -458,7 +460,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
 def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], output: str,
                        on_failure: str = "stop") -> list[dict]:
     """Concatenate the shards in branch point order into one soft-labels file. Fails when no label has any
-    variance (nothing for a PRM to learn), unless ``on_failure`` is continue."""
+    variance (nothing for a PRM to learn), unless ``on_failure`` is continue (then the file's provenance records
+    it)."""
     by_id = {}
     for path in shard_paths:
         for row in records.read_records(path, records.SOFT_LABELS):
@@ -469,11 +472,14 @@ def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], out
     rows = [by_id[bp_id] for bp_id in order if bp_id in by_id]
     log.info("soft labels: %d of %d branch points labelled (%d without any scored continuation)\n%s", len(rows),
              len(order), len(order) - len(rows), summarize_labels(rows))
-    check_not_empty("gather_soft_labels", "soft labels", len(rows), f"{len(order)} branch points", on_failure)
+    marks = check_not_empty("gather_soft_labels", "soft labels", len(rows), f"{len(order)} branch points", on_failure,
+                            condition="no_soft_labels")
     if rows and len({row["label"] for row in rows}) == 1:
-        fail_or_warn("gather_soft_labels", f"no soft label with any variance: all {len(rows)} labels are "
-                     f"{rows[0]['label']:.3f}, nothing for a PRM to learn ({summarize_labels(rows)})", on_failure)
-    records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
+        marks.append(fail_or_warn(
+            "gather_soft_labels", f"no soft label with any variance: all {len(rows)} labels are "
+            f"{rows[0]['label']:.3f}, nothing for a PRM to learn ({summarize_labels(rows)})", on_failure,
+            condition="no_label_variance", count=len(rows)))
+    records.write_records(output, rows, records.SOFT_LABELS, {**provenance(settings), **marks_metadata(marks)})
     log.info("soft labels -> %s", output)
     return rows
 

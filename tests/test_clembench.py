@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clemprm import evaluation, labels, records, sft, stages
+from clemprm import evaluation, labels, records, report, sft, stages
 from clemprm.catalog import GameCatalog
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-from clemprm.checks.run_time import StageFailure, check_instances
+from clemprm.checks.run_time import CONDITIONS, StageFailure, check_instances
 from clemprm.config import eval_mode_params, load_config, sections
 from clemprm.engine import RolloutEngine, Sampling
 from tests.conftest import tiny_config
@@ -437,7 +437,9 @@ def test_a_game_without_instances_in_a_split_stops_the_stage(checkout, tmp_path)
     with pytest.raises(StageFailure, match=r"eval greedy_base: game pair has no validation instances \(the instance "
                                            r"list names none; choose them with games.instance_list\)"):
         check_instances("eval greedy_base", catalog, "validation", "stop")
-    assert "game pair has no test instances" in check_instances("eval greedy_base", catalog, "test", "continue")[0]
+    mark, = check_instances("eval greedy_base", catalog, "test", "continue")
+    assert (mark.stage, mark.condition, mark.game, mark.count) == ("eval greedy_base", "no_instances", "pair", 0)
+    assert "game pair has no test instances" in mark.message
 
 
 def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
@@ -448,6 +450,60 @@ def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
     with pytest.raises(StageFailure, match=r"sft_adapter: no wins to fine-tune on \(0 player perspectives of won "
                                            r"episodes in .*sft_data.parquet, 0 successful rows of sft.extra_data\)"):
         sft.train_sft(settings, str(data), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"))
+
+
+def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_them(checkout, scripted_policy,
+                                                                                    tmp_path, test_cache_dir):
+    """A game whose episodes all fail and a policy that never wins, played on with on_failure: continue: each stage
+    records what it went on despite, and prm_eval.json lists it all (stage, game, condition, count, first error)."""
+    config = config_for(checkout, ["broken_setup", "pair"])
+    config["cache_dir"] = test_cache_dir
+    config["eval"]["split"] = "train"  # the hash split leaves broken_setup without validation instances
+    invalid = scripted_policy(answer("INVALID"))  # pair aborts on the first turn: no win, every label 0
+    paths = {name: tmp_path / f"{name}.parquet" for name in ("base", "sft_data", "episodes", "bp", "shard", "labels")}
+    stages.base_rollouts(sections(config, "seed", "model", "games", "base_rollouts"), paths["base"], policy=invalid,
+                         on_failure="continue")
+    stages.win_filter(sections(config, "win_filter"), paths["base"], paths["sft_data"])
+    sft_metrics = tmp_path / "sft_metrics.json"
+    metrics = sft.train_sft(sections(config, "seed", "model", "sft"), str(paths["sft_data"]),
+                            str(tmp_path / "adapter"), str(sft_metrics), test_cache_dir, on_failure="continue")
+    assert metrics["status"].startswith("untrained")
+    settings = labels_settings(config)
+    labels.branch_points(settings, None, paths["episodes"], paths["bp"], policy=invalid, on_failure="continue")
+    labels.soft_labels_shard(settings, paths["bp"], None, 0, 1, paths["shard"], policy=invalid)
+    labels.gather_soft_labels(settings, paths["bp"], [paths["shard"]], paths["labels"], on_failure="continue")
+    evaluation.evaluate_mode("greedy_base", eval_mode_params(config, "greedy_base"), tmp_path / "greedy_base.parquet",
+                             policy=invalid, on_failure="continue")
+    summary = evaluation.summarize_eval(sections(config, "seed", "model", "games", "eval"),
+                                        [tmp_path / "greedy_base.parquet"], tmp_path / "prm_eval.json",
+                                        upstream_paths=[paths["base"], sft_metrics, paths["bp"], paths["labels"]])
+
+    marks = summary["upstream_warnings"]
+    assert [(m["stage"], m["condition"], m["game"]) for m in marks] == [
+        ("base_rollouts", "all_episodes_failed", "broken_setup"), ("sft_adapter", "no_wins", None),
+        ("branch_points", "all_episodes_failed", "broken_setup"), ("gather_soft_labels", "no_label_variance", None),
+        ("eval greedy_base", "all_episodes_failed", "broken_setup")]
+    episodes = {mark["stage"]: mark["count"] for mark in marks if mark["game"] == "broken_setup"}
+    assert episodes == {"base_rollouts": 4 * 2, "branch_points": 4, "eval greedy_base": 4 * config["eval"][
+        "episodes_per_instance"]}  # 4 train instances
+    assert all("ValueError: math domain error" in mark["first_error"] for mark in marks if mark["game"])
+    assert marks[1]["count"] == 0 and marks[1]["first_error"] is None
+    assert marks[3]["count"] == len(records.read_records(paths["labels"])) > 0
+    assert summary["warnings"] == [mark["message"] for mark in marks]
+    assert json.loads((tmp_path / "prm_eval.json").read_text())["upstream_warnings"] == marks
+    # the report's front page starts with them
+    page = tmp_path / "warnings.html"
+    report.write_warnings_page(summary, page)
+    text = page.read_text()
+    assert "WARNING: 5 failed stage check(s) went on" in text
+    assert all(mark["stage"] in text and mark["condition"] in text for mark in marks)
+    report.write_warnings_page({"upstream_warnings": []}, page)
+    assert "No stage went on after a failure" in page.read_text()
+
+
+def test_failure_conditions_match_the_summary_schema():
+    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    assert tuple(schema["properties"]["upstream_warnings"]["items"]["properties"]["condition"]["enum"]) == CONDITIONS
 
 
 @pytest.mark.parametrize("games, expected", [
