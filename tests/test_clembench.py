@@ -143,6 +143,10 @@ class FixtureScorer(GameScorer):
         pass
 
     def log_main_score(self, episode_interactions):
+        if FLAGS.get("scorer_divides_by_requests"):  # as clemcore's own scorer does, per round
+            for events in episode_interactions["turns"]:
+                self.log_episode_score("answers per request", 1 / sum(
+                    event["action"]["type"] == "get message" for event in events))
         points, rounds = episode_interactions["points"], episode_interactions["setup_info"]["rounds"]
         if FLAGS.get("scorer_raises_on_loss") and points < rounds:
             raise RuntimeError("fixture scorer bug")
@@ -217,6 +221,10 @@ def checkout(tmp_path_factory) -> Path:
     write_game(root / "fragile_partial", spec("fragile_partial"), partial=PARTIAL_RAISES,
                instance_files={"instances": instances({"e": 6}, rounds=3)})
     write_game(root / "broken_setup", spec("broken_setup"), flags={"broken_setup": True})  # ValueError at set-up
+    write_game(root / "per_request", spec("per_request"), flags={"scorer_divides_by_requests": True},
+               instance_files={"instances": instances({"e": 6}, rounds=3)})
+    write_game(root / "fragile_closing", spec("fragile_closing"), flags={"scorer_raises_on_loss": True},
+               instance_files={"instances": instances({"e": 6}, rounds=3)})
     # what a parse-time check must catch (never loaded)
     write_game(root / "needs_package", spec("needs_package"), imports="import clemprm_fixture_missing_package")
     write_game(root / "needs_data", spec("needs_data"), imports="import nltk\nnltk.download('clemprm_fixture_data')")
@@ -371,6 +379,38 @@ def test_a_partial_bench_score_that_raises_is_counted_and_the_shard_survives(che
     assert first and first.isdisjoint(labelled) and len(labelled) == len(bps) - len(first)
     assert "fragile_partial: continuation" in caplog.text and "fixture partial score bug" in caplog.text
     assert f"fragile_partial: {2 * len(first)} continuations failed, first:" in caplog.text  # counted per game
+
+
+def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answers_is_an_error(
+        checkout, scripted_policy, tmp_path, caplog):
+    # per_request's scorer divides by each round's requests, as clemcore's does: an empty episode cannot be scored
+    config = config_for(checkout, ["per_request"])
+    catalog = GameCatalog(config["games"])
+    engine = RolloutEngine(catalog, Sampling())
+    fresh = engine.start(catalog.instances("per_request", "train")[0], [scripted_policy(answer("WIN"))], "p/0", 1)
+    score, reason = labels.closed_as_lost_score(fresh)
+    assert math.isnan(score) and reason.startswith("no answer yet, ZeroDivisionError")
+    assert labels.partial_score(fresh) == 0.0
+    # with answers it scores: the round clemcore opened after the last answer (no request yet) is not scored
+    settings = labels_settings(config, max_rollout_rounds=1)
+    bp_path = tmp_path / "bp.parquet"
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=scripted_policy(answer("WIN")))
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(answer("WIN")))
+    first = [row for row in rows if row["turn_idx"] == 0]
+    assert first and all(row["n_capped"] == 2 and row["n_errors"] == 0 and row["rollout_scores"] == [
+        pytest.approx(200 / 3)] * 2 for row in first)
+
+    # fragile_closing's scorer raises on a lost game: closed as lost after answers, that is the game's error
+    config = config_for(checkout, ["fragile_closing"])
+    settings = labels_settings(config, max_rollout_rounds=1)
+    winner, loser = scripted_policy(answer("WIN")), scripted_policy(answer("no"))
+    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=winner)
+    with caplog.at_level(logging.WARNING, logger="clemprm.labels"):
+        rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels2.parquet", policy=loser)
+    first = {bp["bp_id"] for bp in bps if bp["turn_idx"] == 0}
+    assert first and first.isdisjoint({row["bp_id"] for row in rows})  # every continuation failed: no label
+    assert "the game's scorer raised on the episode closed as lost: RuntimeError: fixture scorer bug" in caplog.text
 
 
 def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(checkout, scripted_policy, tmp_path,
