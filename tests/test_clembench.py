@@ -557,7 +557,9 @@ def test_failure_conditions_match_the_summary_schema():
     ({"clembench_games": ["pair"], "instances_files": {"alpha": "instances"}}, "games.instances_files names 'alpha'"),
     ({"clembench_games": ["needs_package"]}, "game 'needs_package' imports clemprm_fixture_missing_package, not "
                                              "installed here"),
-    ({"clembench_games": ["needs_data"]}, "game 'needs_data' needs the NLTK data clemprm_fixture_data"),
+    ({"clembench_games": ["needs_data"]}, "game 'needs_data' needs the NLTK data clemprm_fixture_data, which NLTK "
+                                          "does not find here (on a machine with network: python -m nltk.downloader "
+                                          "-d DIR clemprm_fixture_data, then set NLTK_DATA=DIR"),
 ])
 def test_parse_time_checks_name_what_is_wrong(checkout, games, expected):
     config = load_config(overrides={"games": {"clembench_path": str(checkout), **games}})
