@@ -582,14 +582,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, test_cache_dir):
-    """Snakemake, the tiny model, three clembench layouts (a spec list's variant, a nested game, a random game)."""
-    games = ["pair_variant", "family", "coin"]
+    """Snakemake, the tiny model, three clembench layouts (a spec list's variant, a nested game, a random game) and a
+    game whose every episode fails, played on under on_failure: continue: prm_eval.json and the report say so."""
+    games = ["pair_variant", "family", "coin", "broken_setup"]
     # the splits from a playpen-data instance list (a hash split may leave a small game without validation instances)
     listing = tmp_path / "instances.csv"
     listing.write_text("game,experiment,task_id,split\n" + "".join(
         f"{game},{'variant' if game == 'pair_variant' else 'e'},{game_id},{'train' if game_id < 4 else 'validation'}\n"
         for game in games for game_id in range(5)))
-    config = {"cache_dir": test_cache_dir, "model": {"spec": "tiny:0", "threads": 1},
+    config = {"cache_dir": test_cache_dir, "model": {"spec": "tiny:0", "threads": 1}, "on_failure": "continue",
               "games": games_config(checkout, games, max_instances={"train": 4, "validation": 1, "test": 1},
                                     instance_list=str(listing)),
               "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 6},
@@ -599,21 +600,40 @@ def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, tes
               "prm": {"epochs": 1, "max_examples": 8, "batch_size": 8, "grad_accum": 1},
               "eval": {"max_new_tokens": 6, "n": 2, "modes": ["greedy_base", "best_of_n"], "bootstrap_samples": 50}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    # the target before --configfile, which takes every following word as a config file
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2",
-               "results/prm_eval.json", "--directory", str(tmp_path), "--configfile", str(tmp_path / "run.yaml")]
+    # the targets before --configfile, which takes every following word as a config file
+    targets = ["results/prm_eval.json", "results/report/warnings.html"]
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2", *targets,
+               "--directory", str(tmp_path), "--configfile", str(tmp_path / "run.yaml")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     episodes = records.read_records(tmp_path / "results/rollouts/base_train.parquet")
-    assert {row["game"] for row in episodes} == set(games) and all(row["error"] is None for row in episodes)
+    assert {row["game"] for row in episodes} == set(games)
+    assert all((row["error"] is None) == (row["game"] != "broken_setup") for row in episodes)
     assert {row["experiment"] for row in episodes if row["game"] == "pair_variant"} == {"variant"}
     assert {(row["game"], row["game_id"]) for row in episodes} == {(game, i) for game in games for i in range(4)}
     soft = records.read_records(tmp_path / "results/labels/soft_labels.parquet")
     assert soft and len({row["label"] for row in soft}) > 1 and all(row["n_errors"] == 0 for row in soft)
     summary = json.loads((tmp_path / "results/prm_eval.json").read_text())
     assert set(summary["modes"]["greedy_base"]["results"]) == set(games) | {"overall"}
-    assert summary["warnings"] == [] and summary["modes"]["best_of_n"]["results"]["overall"]["errors"] == 0
+    best_of_n = summary["modes"]["best_of_n"]["results"]
+    assert all(best_of_n[game]["errors"] == 0 for game in games[:3])
+    assert best_of_n["broken_setup"]["errors"] == best_of_n["broken_setup"]["episodes"] > 0
+    # every stage that went on despite broken_setup, earlier stages first
+    eval_episodes = load_config()["eval"]["episodes_per_instance"]  # 1 validation instance per game
+    assert [(m["stage"], m["condition"], m["game"], m["count"]) for m in summary["upstream_warnings"]] == [
+        ("base_rollouts", "all_episodes_failed", "broken_setup", 4 * 2),
+        ("branch_points", "all_episodes_failed", "broken_setup", 4),
+        ("eval greedy_base", "all_episodes_failed", "broken_setup", eval_episodes),
+        ("eval best_of_n", "all_episodes_failed", "broken_setup", eval_episodes)]
+    assert all("ValueError: math domain error" in m["first_error"] for m in summary["upstream_warnings"])
+    # the report's front page starts with them
+    report_html = tmp_path / "report.html"
+    made = subprocess.run(command[:7] + ["--report", str(report_html)] + command[7:], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert made.returncode == 0, made.stderr[-4000:]
+    page = report_html.read_text()
+    assert "WARNING: 4 failed stage check(s) went on (on_failure: continue)" in page and "all_episodes_failed" in page
 
     # a wrong checkout fails when the Snakefile is parsed, before any job
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**config, "games": {**config["games"],
