@@ -511,6 +511,9 @@ def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_th
     settings = labels_settings(config)
     labels.branch_points(settings, None, paths["episodes"], paths["bp"], policy=invalid, on_failure="continue")
     labels.soft_labels_shard(settings, paths["bp"], None, 0, 1, paths["shard"], policy=invalid)
+    with pytest.raises(StageFailure, match=r"gather_soft_labels: no soft label with any variance: all \d+ labels are "
+                                           r"0\.000, nothing for a PRM to learn"):
+        labels.gather_soft_labels(settings, paths["bp"], [paths["shard"]], paths["labels"])
     labels.gather_soft_labels(settings, paths["bp"], [paths["shard"]], paths["labels"], on_failure="continue")
     evaluation.evaluate_mode("greedy_base", eval_mode_params(config, "greedy_base"), tmp_path / "greedy_base.parquet",
                              policy=invalid, on_failure="continue")
