@@ -2,6 +2,8 @@
 # PRM-guided best-of-N and beam search), the summary with bootstrap CIs (results/prm_eval.json), and the figures of
 # `snakemake --report`. A mode's params hold only the eval keys it plays by (clemprm.config.EVAL_MODE_KEYS).
 
+from clemprm.config import EVAL_PRM_MODES
+
 
 rule greedy_base:
     input:
@@ -180,9 +182,23 @@ rule beam_search_logprob:
         "../workflow_scripts/eval_mode.py"
 
 
+def upstream_stage_outputs(wc):
+    """The outputs of the earlier stages the configured modes are built from, whose failure marks (on_failure:
+    continue) the summary carries (prm_eval.json's upstream_warnings): every mode but greedy_base plays a policy
+    trained from the base rollouts; the PRM modes also rank by a PRM trained on the soft labels."""
+    modes = set(config["eval"]["modes"])
+    outputs = []
+    if modes - {"greedy_base"}:
+        outputs += ["results/rollouts/base_train.parquet", "results/sft/metrics.json"]
+    if modes & set(EVAL_PRM_MODES):
+        outputs += ["results/labels/branch_points.parquet", "results/labels/soft_labels.parquet"]
+    return outputs
+
+
 rule eval_summary:
     input:
-        expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
+        modes=expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
+        upstream=upstream_stage_outputs,
     output:
         report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
     params:
@@ -204,6 +220,8 @@ rule eval_report_figures:
         prm_metrics="results/prm/metrics.json",
         sft_metrics="results/sft/metrics.json",
     output:
+        # included at the top of the report's front page (report/workflow.rst)
+        warnings=report("results/report/warnings.html", caption="../report/warnings.rst", category="Evaluation"),
         scores=report("results/report/eval_scores.png", caption="../report/eval_scores.rst", category="Evaluation"),
         soft_labels=report("results/report/soft_labels.png", caption="../report/soft_labels.rst", category="PRM"),
         calibration=report("results/report/prm_calibration.png", caption="../report/prm_calibration.rst",

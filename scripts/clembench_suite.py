@@ -6,7 +6,7 @@ instance list), branch points and K-rollout soft labels of those trajectories (t
 SFT policy), greedy evaluation on its next instance(s). Every stage runs with ``on_failure: continue`` so that the
 table shows what each stage did; a stage that raised is named in the last column. Also printed: which partial
 score a capped label continuation of the game gets (the game's ``partial_bench_score``, its own scorer on the
-episode closed as lost, or 0 where that yields none), probed after 0, 1, 2 answers of the game's own programmatic
+episode closed as lost, 0 where that yields none, or an error where the scorer raises on answers), probed after 0, 1, 2 answers of the game's own programmatic
 players (clembench players implement ``_custom_response``).
 
     python scripts/clembench_suite.py --clembench /path/to/clembench --model tiny:0
@@ -79,7 +79,7 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
     programmatic players (clembench players implement ``_custom_response``: moves in the game's format)."""
     from clemprm.play.engine import RolloutEngine, Sampling
     from clemprm.models.generation import Generation
-    from clemprm.stages.labels import closed_as_lost_score
+    from clemprm.stages.labels import ContinuationError, closed_as_lost_score
 
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, 48))
     episode = engine.start(catalog.instances(game, "train")[0], [policy], f"{game}/probe", seed)
@@ -91,8 +91,11 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
     for answers in range(3):
         if episode.done:
             break
-        score, reason = closed_as_lost_score(episode)
-        found.append(f"{answers}: " + (f"scorer {score:.1f}" if reason is None else f"0 ({reason[:40]})"))
+        try:
+            score, reason = closed_as_lost_score(episode)
+            found.append(f"{answers}: " + (f"scorer {score:.1f}" if reason is None else f"0 ({reason[:40]})"))
+        except ContinuationError as error:  # the scorer raised on answers: an error of the game's code
+            found.append(f"{answers}: error ({str(error.__cause__)[:40]})")
         player, _ = engine.waiting(episode)
         agent = episode.env.agent_selection
         try:

@@ -21,11 +21,11 @@ import pytest
 import yaml
 
 from clemprm import records
-from clemprm.evaluation import evaluate
+from clemprm.evaluation import evaluate, report
 from clemprm.stages import labels, rollouts, sft
 from clemprm.play.catalog import GameCatalog
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-from clemprm.checks.run_time import StageFailure, check_instances
+from clemprm.checks.run_time import CONDITIONS, StageFailure, check_instances
 from clemprm.config import eval_mode_params, load_config, sections
 from clemprm.play.engine import RolloutEngine, Sampling
 from tests.conftest import tiny_config
@@ -145,6 +145,10 @@ class FixtureScorer(GameScorer):
         pass
 
     def log_main_score(self, episode_interactions):
+        if FLAGS.get("scorer_divides_by_requests"):  # as clemcore's own scorer does, per round
+            for events in episode_interactions["turns"]:
+                self.log_episode_score("answers per request", 1 / sum(
+                    event["action"]["type"] == "get message" for event in events))
         points, rounds = episode_interactions["points"], episode_interactions["setup_info"]["rounds"]
         if FLAGS.get("scorer_raises_on_loss") and points < rounds:
             raise RuntimeError("fixture scorer bug")
@@ -219,6 +223,10 @@ def checkout(tmp_path_factory) -> Path:
     write_game(root / "fragile_partial", spec("fragile_partial"), partial=PARTIAL_RAISES,
                instance_files={"instances": instances({"e": 6}, rounds=3)})
     write_game(root / "broken_setup", spec("broken_setup"), flags={"broken_setup": True})  # ValueError at set-up
+    write_game(root / "per_request", spec("per_request"), flags={"scorer_divides_by_requests": True},
+               instance_files={"instances": instances({"e": 6}, rounds=3)})
+    write_game(root / "fragile_closing", spec("fragile_closing"), flags={"scorer_raises_on_loss": True},
+               instance_files={"instances": instances({"e": 6}, rounds=3)})
     # what a parse-time check must catch (never loaded)
     write_game(root / "needs_package", spec("needs_package"), imports="import clemprm_fixture_missing_package")
     write_game(root / "needs_data", spec("needs_data"), imports="import nltk\nnltk.download('clemprm_fixture_data')")
@@ -375,6 +383,38 @@ def test_a_partial_bench_score_that_raises_is_counted_and_the_shard_survives(che
     assert f"fragile_partial: {2 * len(first)} continuations failed, first:" in caplog.text  # counted per game
 
 
+def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answers_is_an_error(
+        checkout, scripted_policy, tmp_path, caplog):
+    # per_request's scorer divides by each round's requests, as clemcore's does: an empty episode cannot be scored
+    config = config_for(checkout, ["per_request"])
+    catalog = GameCatalog(config["games"])
+    engine = RolloutEngine(catalog, Sampling())
+    fresh = engine.start(catalog.instances("per_request", "train")[0], [scripted_policy(answer("WIN"))], "p/0", 1)
+    score, reason = labels.closed_as_lost_score(fresh)
+    assert math.isnan(score) and reason.startswith("no answer yet, ZeroDivisionError")
+    assert labels.partial_score(fresh) == 0.0
+    # with answers it scores: the round clemcore opened after the last answer (no request yet) is not scored
+    settings = labels_settings(config, max_rollout_rounds=1)
+    bp_path = tmp_path / "bp.parquet"
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=scripted_policy(answer("WIN")))
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(answer("WIN")))
+    first = [row for row in rows if row["turn_idx"] == 0]
+    assert first and all(row["n_capped"] == 2 and row["n_errors"] == 0 and row["rollout_scores"] == [
+        pytest.approx(200 / 3)] * 2 for row in first)
+
+    # fragile_closing's scorer raises on a lost game: closed as lost after answers, that is the game's error
+    config = config_for(checkout, ["fragile_closing"])
+    settings = labels_settings(config, max_rollout_rounds=1)
+    winner, loser = scripted_policy(answer("WIN")), scripted_policy(answer("no"))
+    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=winner)
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
+        rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels2.parquet", policy=loser)
+    first = {bp["bp_id"] for bp in bps if bp["turn_idx"] == 0}
+    assert first and first.isdisjoint({row["bp_id"] for row in rows})  # every continuation failed: no label
+    assert "the game's scorer raised on the episode closed as lost: RuntimeError: fixture scorer bug" in caplog.text
+
+
 def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(checkout, scripted_policy, tmp_path,
                                                                          caplog):
     config = config_for(checkout, ["fragile_scorer", "pair"])  # fragile_scorer's scorer raises on a lost game
@@ -439,7 +479,9 @@ def test_a_game_without_instances_in_a_split_stops_the_stage(checkout, tmp_path)
     with pytest.raises(StageFailure, match=r"eval greedy_base: game pair has no validation instances \(the instance "
                                            r"list names none; choose them with games.instance_list\)"):
         check_instances("eval greedy_base", catalog, "validation", "stop")
-    assert "game pair has no test instances" in check_instances("eval greedy_base", catalog, "test", "continue")[0]
+    mark, = check_instances("eval greedy_base", catalog, "test", "continue")
+    assert (mark.stage, mark.condition, mark.game, mark.count) == ("eval greedy_base", "no_instances", "pair", 0)
+    assert "game pair has no test instances" in mark.message
 
 
 def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
@@ -450,6 +492,63 @@ def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
     with pytest.raises(StageFailure, match=r"sft_adapter: no wins to fine-tune on \(0 player perspectives of won "
                                            r"episodes in .*sft_data.parquet, 0 successful rows of sft.extra_data\)"):
         sft.train_sft(settings, str(data), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"))
+
+
+def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_them(checkout, scripted_policy,
+                                                                                    tmp_path, test_cache_dir):
+    """A game whose episodes all fail and a policy that never wins, played on with on_failure: continue: each stage
+    records what it went on despite, and prm_eval.json lists it all (stage, game, condition, count, first error)."""
+    config = config_for(checkout, ["broken_setup", "pair"])
+    config["cache_dir"] = test_cache_dir
+    config["eval"]["split"] = "train"  # the hash split leaves broken_setup without validation instances
+    invalid = scripted_policy(answer("INVALID"))  # pair aborts on the first turn: no win, every label 0
+    paths = {name: tmp_path / f"{name}.parquet" for name in ("base", "sft_data", "episodes", "bp", "shard", "labels")}
+    rollouts.base_rollouts(sections(config, "seed", "model", "games", "base_rollouts"), paths["base"], policy=invalid,
+                           on_failure="continue")
+    rollouts.win_filter(sections(config, "win_filter"), paths["base"], paths["sft_data"])
+    sft_metrics = tmp_path / "sft_metrics.json"
+    metrics = sft.train_sft(sections(config, "seed", "model", "sft"), str(paths["sft_data"]),
+                            str(tmp_path / "adapter"), str(sft_metrics), test_cache_dir, on_failure="continue")
+    assert metrics["status"].startswith("untrained")
+    settings = labels_settings(config)
+    labels.branch_points(settings, None, paths["episodes"], paths["bp"], policy=invalid, on_failure="continue")
+    labels.soft_labels_shard(settings, paths["bp"], None, 0, 1, paths["shard"], policy=invalid)
+    with pytest.raises(StageFailure, match=r"gather_soft_labels: no soft label with any variance: all \d+ labels are "
+                                           r"0\.000, nothing for a PRM to learn"):
+        labels.gather_soft_labels(settings, paths["bp"], [paths["shard"]], paths["labels"])
+    labels.gather_soft_labels(settings, paths["bp"], [paths["shard"]], paths["labels"], on_failure="continue")
+    evaluate.evaluate_mode("greedy_base", eval_mode_params(config, "greedy_base"), tmp_path / "greedy_base.parquet",
+                           policy=invalid, on_failure="continue")
+    summary = evaluate.summarize_eval(sections(config, "seed", "model", "games", "eval"),
+                                      [tmp_path / "greedy_base.parquet"], tmp_path / "prm_eval.json",
+                                      upstream_paths=[paths["base"], sft_metrics, paths["bp"], paths["labels"]])
+
+    marks = summary["upstream_warnings"]
+    assert [(m["stage"], m["condition"], m["game"]) for m in marks] == [
+        ("base_rollouts", "all_episodes_failed", "broken_setup"), ("sft_adapter", "no_wins", None),
+        ("branch_points", "all_episodes_failed", "broken_setup"), ("gather_soft_labels", "no_label_variance", None),
+        ("eval greedy_base", "all_episodes_failed", "broken_setup")]
+    episodes = {mark["stage"]: mark["count"] for mark in marks if mark["game"] == "broken_setup"}
+    assert episodes == {"base_rollouts": 4 * 2, "branch_points": 4, "eval greedy_base": 4 * config["eval"][
+        "episodes_per_instance"]}  # 4 train instances
+    assert all("ValueError: math domain error" in mark["first_error"] for mark in marks if mark["game"])
+    assert marks[1]["count"] == 0 and marks[1]["first_error"] is None
+    assert marks[3]["count"] == len(records.read_records(paths["labels"])) > 0
+    assert summary["warnings"] == [mark["message"] for mark in marks]
+    assert json.loads((tmp_path / "prm_eval.json").read_text())["upstream_warnings"] == marks
+    # the report's front page starts with them
+    page = tmp_path / "warnings.html"
+    report.write_warnings_page(summary, page)
+    text = page.read_text()
+    assert "WARNING: 5 failed stage check(s) went on" in text
+    assert all(mark["stage"] in text and mark["condition"] in text for mark in marks)
+    report.write_warnings_page({"upstream_warnings": []}, page)
+    assert "No stage went on after a failure" in page.read_text()
+
+
+def test_failure_conditions_match_the_summary_schema():
+    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
+    assert tuple(schema["properties"]["upstream_warnings"]["items"]["properties"]["condition"]["enum"]) == CONDITIONS
 
 
 @pytest.mark.parametrize("games, expected", [
@@ -463,7 +562,9 @@ def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
     ({"clembench_games": ["pair"], "instances_files": {"alpha": "instances"}}, "games.instances_files names 'alpha'"),
     ({"clembench_games": ["needs_package"]}, "game 'needs_package' imports clemprm_fixture_missing_package, not "
                                              "installed here"),
-    ({"clembench_games": ["needs_data"]}, "game 'needs_data' needs the NLTK data clemprm_fixture_data"),
+    ({"clembench_games": ["needs_data"]}, "game 'needs_data' needs the NLTK data clemprm_fixture_data, which NLTK "
+                                          "does not find here (on a machine with network: python -m nltk.downloader "
+                                          "-d DIR clemprm_fixture_data, then set NLTK_DATA=DIR"),
 ])
 def test_parse_time_checks_name_what_is_wrong(checkout, games, expected):
     config = load_config(overrides={"games": {"clembench_path": str(checkout), **games}})
@@ -486,14 +587,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, test_cache_dir):
-    """Snakemake, the tiny model, three clembench layouts (a spec list's variant, a nested game, a random game)."""
-    games = ["pair_variant", "family", "coin"]
+    """Snakemake, the tiny model, three clembench layouts (a spec list's variant, a nested game, a random game) and a
+    game whose every episode fails, played on under on_failure: continue: prm_eval.json and the report say so."""
+    games = ["pair_variant", "family", "coin", "broken_setup"]
     # the splits from a playpen-data instance list (a hash split may leave a small game without validation instances)
     listing = tmp_path / "instances.csv"
     listing.write_text("game,experiment,task_id,split\n" + "".join(
         f"{game},{'variant' if game == 'pair_variant' else 'e'},{game_id},{'train' if game_id < 4 else 'validation'}\n"
         for game in games for game_id in range(5)))
-    config = {"cache_dir": test_cache_dir, "model": {"spec": "tiny:0", "threads": 1},
+    config = {"cache_dir": test_cache_dir, "model": {"spec": "tiny:0", "threads": 1}, "on_failure": "continue",
               "games": games_config(checkout, games, max_instances={"train": 4, "validation": 1, "test": 1},
                                     instance_list=str(listing)),
               "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 6},
@@ -503,21 +605,40 @@ def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, tes
               "prm": {"epochs": 1, "max_examples": 8, "batch_size": 8, "grad_accum": 1},
               "eval": {"max_new_tokens": 6, "n": 2, "modes": ["greedy_base", "best_of_n"], "bootstrap_samples": 50}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    # the target before --configfile, which takes every following word as a config file
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2",
-               "results/prm_eval.json", "--directory", str(tmp_path), "--configfile", str(tmp_path / "run.yaml")]
+    # the targets before --configfile, which takes every following word as a config file
+    targets = ["results/prm_eval.json", "results/report/warnings.html"]
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2", *targets,
+               "--directory", str(tmp_path), "--configfile", str(tmp_path / "run.yaml")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     episodes = records.read_records(tmp_path / "results/rollouts/base_train.parquet")
-    assert {row["game"] for row in episodes} == set(games) and all(row["error"] is None for row in episodes)
+    assert {row["game"] for row in episodes} == set(games)
+    assert all((row["error"] is None) == (row["game"] != "broken_setup") for row in episodes)
     assert {row["experiment"] for row in episodes if row["game"] == "pair_variant"} == {"variant"}
     assert {(row["game"], row["game_id"]) for row in episodes} == {(game, i) for game in games for i in range(4)}
     soft = records.read_records(tmp_path / "results/labels/soft_labels.parquet")
     assert soft and len({row["label"] for row in soft}) > 1 and all(row["n_errors"] == 0 for row in soft)
     summary = json.loads((tmp_path / "results/prm_eval.json").read_text())
     assert set(summary["modes"]["greedy_base"]["results"]) == set(games) | {"overall"}
-    assert summary["warnings"] == [] and summary["modes"]["best_of_n"]["results"]["overall"]["errors"] == 0
+    best_of_n = summary["modes"]["best_of_n"]["results"]
+    assert all(best_of_n[game]["errors"] == 0 for game in games[:3])
+    assert best_of_n["broken_setup"]["errors"] == best_of_n["broken_setup"]["episodes"] > 0
+    # every stage that went on despite broken_setup, earlier stages first
+    eval_episodes = load_config()["eval"]["episodes_per_instance"]  # 1 validation instance per game
+    assert [(m["stage"], m["condition"], m["game"], m["count"]) for m in summary["upstream_warnings"]] == [
+        ("base_rollouts", "all_episodes_failed", "broken_setup", 4 * 2),
+        ("branch_points", "all_episodes_failed", "broken_setup", 4),
+        ("eval greedy_base", "all_episodes_failed", "broken_setup", eval_episodes),
+        ("eval best_of_n", "all_episodes_failed", "broken_setup", eval_episodes)]
+    assert all("ValueError: math domain error" in m["first_error"] for m in summary["upstream_warnings"])
+    # the report's front page starts with them
+    report_html = tmp_path / "report.html"
+    made = subprocess.run(command[:7] + ["--report", str(report_html)] + command[7:], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert made.returncode == 0, made.stderr[-4000:]
+    page = report_html.read_text()
+    assert "WARNING: 4 failed stage check(s) went on (on_failure: continue)" in page and "all_episodes_failed" in page
 
     # a wrong checkout fails when the Snakefile is parsed, before any job
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**config, "games": {**config["games"],

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from clemprm import records
+from clemprm.checks.run_time import check_not_empty, marks_metadata
 from clemprm.cli import main
 from clemprm.evaluation.inspect import group_stats, histogram, inspect_file
 
@@ -221,3 +222,15 @@ def test_installed_command(soft_labels_file, command):
     assert "rows: 8" in done.stdout and "[0.80, 1.00]" in done.stdout
     missing = subprocess.run(command + ["inspect", "nowhere.parquet"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "nowhere.parquet" in missing.stderr
+
+
+def test_a_stage_that_went_on_despite_a_failure_says_so(soft_labels_file, tmp_path):
+    _, rows = soft_labels_file
+    marks = check_not_empty("gather_soft_labels", "soft labels", 0, "3 branch points", "continue",
+                            condition="no_soft_labels")
+    path = tmp_path / "marked.parquet"
+    records.write_records(path, rows, records.SOFT_LABELS, {**PROVENANCE, **marks_metadata(marks)})
+    report = inspect_file(path).splitlines()
+    assert ("WARNING, the stage went on (on_failure: continue): gather_soft_labels: no soft labels (3 branch points)"
+            in report)
+    assert not any(line.startswith("WARNING") for line in inspect_file(soft_labels_file[0]).splitlines())

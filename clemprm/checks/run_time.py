@@ -7,20 +7,30 @@ A stage fails (:class:`StageFailure`, one message naming the game, the count and
 * there are no wins to fine-tune on (``sft_adapter``), no branch points (``branch_points``), or no soft label
   with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same).
 
-With ``on_failure: continue`` (config) the stage goes on instead and logs the message as a loud warning; the
-evaluation summary (``results/prm_eval.json``) lists the warnings of the eval modes under ``warnings``. Isolated
-failures (some episodes of a game) never stop a stage; :func:`failures_by_game` counts them per game for the logs
-and the summary.
+With ``on_failure: continue`` (config) the stage goes on instead, logs the message as a loud warning and returns a
+:class:`FailureMark`, which the stage records in its output (:data:`MARKS_KEY` of a record file's provenance, or of
+its metrics JSON); the evaluation summary carries the marks of every stage it was built from into
+``results/prm_eval.json`` (``upstream_warnings``, :func:`read_failure_marks`), and the report shows them first.
+Isolated failures (some episodes of a game) never stop a stage; :func:`failures_by_game` counts them per game for
+the logs and the summary.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from clemprm import records
 
 log = logging.getLogger(__name__)
 
 ON_FAILURE = ("stop", "continue")
+# what a stage went on despite (FailureMark.condition)
+CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_branch_points", "no_soft_labels",
+              "no_label_variance")
+MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 
 class StageFailure(RuntimeError):
@@ -52,44 +62,84 @@ def failures_by_game(rows: list[dict]) -> dict[str, GameFailures]:
     return by_game
 
 
-def fail_or_warn(stage: str, message: str, on_failure: str) -> str:
-    """Raise :class:`StageFailure` (``on_failure: stop``), or log ``message`` loudly and return the warning."""
+@dataclass
+class FailureMark:
+    """A fail-fast condition a stage went on despite (``on_failure: continue``).
+
+    ``game`` is None when the condition is the stage's as a whole (no wins, no branch points, ...); ``count`` is how
+    many items it is about: the game's failed episodes (all of them), the labels that are all alike, 0 where there
+    was nothing at all; ``first_error`` the first failed episode's id and exception, where episodes failed."""
+    stage: str
+    condition: str
+    game: str | None
+    count: int
+    first_error: str | None
+    message: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fail_or_warn(stage: str, message: str, on_failure: str, *, condition: str, game: str | None = None,
+                 count: int = 0, first_error: str | None = None) -> FailureMark:
+    """Raise :class:`StageFailure` (``on_failure: stop``), or log ``message`` loudly and return its mark."""
     if on_failure not in ON_FAILURE:
         raise ValueError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown failure condition {condition!r} (known: {', '.join(CONDITIONS)})")
     text = f"{stage}: {message}"
     if on_failure == "stop":
         raise StageFailure(f"{text} (set `on_failure: continue` in the config to go on anyway)")
     log.warning("CONTINUING DESPITE A FAILED STAGE (on_failure: continue): %s", text)
-    return text
+    return FailureMark(stage, condition, game, count, first_error, text)
 
 
-def check_episodes(stage: str, rows: list[dict], on_failure: str) -> list[str]:
-    """Log failed episodes per game; fail the stage when every episode of some game failed. Returns warnings."""
-    warnings = []
+def check_episodes(stage: str, rows: list[dict], on_failure: str) -> list[FailureMark]:
+    """Log failed episodes per game; fail the stage when every episode of some game failed. Returns the marks."""
+    marks = []
     for entry in failures_by_game(rows).values():
         if not entry.failed:
             continue
         if entry.failed == entry.episodes:
-            warnings.append(fail_or_warn(stage, f"every episode of game {entry.describe()}", on_failure))
+            marks.append(fail_or_warn(stage, f"every episode of game {entry.describe()}", on_failure,
+                                      condition="all_episodes_failed", game=entry.game, count=entry.failed,
+                                      first_error=entry.first_error))
         else:
             log.warning("%s: %s", stage, entry.describe())
-    return warnings
+    return marks
 
 
-def check_instances(stage: str, catalog, split: str, on_failure: str) -> list[str]:
+def check_instances(stage: str, catalog, split: str, on_failure: str) -> list[FailureMark]:
     """Fail the stage when a configured game has no instance in ``split`` (a clembench game's instances are split
     by a hash of their key, or by the instance list: a small game can end up with none in a split)."""
-    warnings = []
+    marks = []
     for game in catalog.games:
         if not catalog.instances(game, split):
             source = "the instance list names none" if catalog.instance_list is not None else "the hash split gave none"
-            warnings.append(fail_or_warn(stage, f"game {game} has no {split} instances ({source}; choose them with "
-                                                f"games.instance_list)", on_failure))
-    return warnings
+            marks.append(fail_or_warn(stage, f"game {game} has no {split} instances ({source}; choose them with "
+                                             f"games.instance_list)", on_failure, condition="no_instances", game=game))
+    return marks
 
 
-def check_not_empty(stage: str, what: str, count: int, context: str, on_failure: str) -> list[str]:
+def check_not_empty(stage: str, what: str, count: int, context: str, on_failure: str, *,
+                    condition: str) -> list[FailureMark]:
     """Fail the stage when ``count`` (of ``what``) is 0; ``context`` says what it came from."""
     if count:
         return []
-    return [fail_or_warn(stage, f"no {what} ({context})", on_failure)]
+    return [fail_or_warn(stage, f"no {what} ({context})", on_failure, condition=condition)]
+
+
+def marks_metadata(marks: list[FailureMark]) -> dict:
+    """The entry a stage adds to its output's provenance (or metrics) to record its marks."""
+    return {MARKS_KEY: [mark.as_dict() for mark in marks]}
+
+
+def read_failure_marks(path: str | Path) -> list[dict]:
+    """The marks a stage output records: a parquet record file's provenance, or a metrics JSON (``.json``)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text()).get(MARKS_KEY, [])
+        except (OSError, ValueError) as error:
+            raise records.RecordFileError(f"cannot read the failure marks of {path}: {error}") from error
+    return records.read_provenance(path).get(MARKS_KEY, [])

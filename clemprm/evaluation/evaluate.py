@@ -43,7 +43,8 @@ import pandas as pd
 
 from clemprm import records
 from clemprm.play.catalog import GameCatalog
-from clemprm.checks.run_time import check_episodes, check_instances, failures_by_game
+from clemprm.checks.run_time import (check_episodes, check_instances, failures_by_game, marks_metadata,
+                                     read_failure_marks)
 from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
 from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed
 from clemprm.stages.labels import sft_policy_settings
@@ -119,7 +120,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
     always picks with a :class:`~clemprm.search.RandomScorer`; the ``*_logprob`` modes score with a
     :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance
-    also holds the run: policy, PRM adapter, wall seconds of play, model counters, and the warnings of
+    also holds the run (policy, PRM adapter, wall seconds of play, model counters) and the failure marks of
     ``on_failure: continue`` (a mode in which every episode of a game failed otherwise fails,
     :mod:`clemprm.checks.run_time`).
     ``merged_model``: the merged SFT folder (:mod:`clemprm.stages.merge`) that ``greedy_merged`` plays.
@@ -128,7 +129,7 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
-    split_warnings = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
+    split_marks = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     if policy is None and mode == "greedy_merged":
         if not merged_model:
@@ -168,10 +169,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
     log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
-    warnings = split_warnings + check_episodes(f"eval {mode}", rows, on_failure)
+    marks = split_marks + check_episodes(f"eval {mode}", rows, on_failure)
     scorer = prm if mode in PRM_MODES + LOGPROB_MODES + ("best_of_n_implicit",) else None
-    run = {**run_info(mode, seconds, policy, scorer, prm_adapter), "warnings": warnings}
-    records.write_records(output, rows, records.EVAL_EPISODES, {**provenance(settings), "run": run})
+    run = run_info(mode, seconds, policy, scorer, prm_adapter)
+    records.write_records(output, rows, records.EVAL_EPISODES,
+                          {**provenance(settings), "run": run, **marks_metadata(marks)})
     log.info("eval %s -> %s", mode, output)
     return rows
 
@@ -302,14 +304,19 @@ def mode_cost(rows: list[dict], run: dict) -> dict:
             "wall_seconds": run.get("wall_seconds")}
 
 
-def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
-    """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema)."""
+def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = ()) -> dict:
+    """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema).
+
+    ``upstream_paths``: the outputs of the earlier stages the modes were built from (base rollouts, SFT metrics,
+    branch points, soft labels); their failure marks (:mod:`clemprm.checks.run_time`), then the modes' own, are the
+    summary's ``upstream_warnings``, and their messages its ``warnings``."""
     eval_settings = settings["eval"]
     samples, ci, seed = eval_settings["bootstrap_samples"], eval_settings["ci"], settings["seed"]
     runs = {}
     for path in mode_paths:
         run = records.read_provenance(path).get("run", {})
         runs[run.get("mode") or Path(path).stem] = (records.read_records(path, records.EVAL_EPISODES), run)
+    marks = [mark for path in [*upstream_paths, *mode_paths] for mark in read_failure_marks(path)]
     tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
     summary = {
         "split": eval_settings["split"],
@@ -318,8 +325,9 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
         "modes": {mode: {"policy": run.get("policy"), "prm": run.get("prm"), "cost": mode_cost(rows, run),
                          "results": mode_estimates(tables[mode], samples, seed, ci, rows) if mode in tables else {}}
                   for mode, (rows, run) in runs.items()},
-        # on_failure: continue let these modes go on although every episode of a game failed
-        "warnings": [warning for _, run in runs.values() for warning in run.get("warnings", [])],
+        # on_failure: continue let these stages go on despite a fail-fast condition (in pipeline order)
+        "upstream_warnings": marks,
+        "warnings": [mark["message"] for mark in marks],
         "differences": {baseline: {mode: difference(tables[mode], tables[baseline], samples, seed, ci)
                                    for mode in tables if mode != baseline}
                         for baseline in BASELINES if baseline in tables},

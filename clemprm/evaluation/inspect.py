@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clemprm import records
+from clemprm.checks.run_time import MARKS_KEY
 
 SHOWN_VERSIONS = ("clemprm", "clemcore", "transformers")
 ELLIPSIS = "…"
@@ -32,7 +33,10 @@ def inspect_file(path: str | Path, examples: int = 3, width: int = 100, bins: in
     table = records.read_table(path)
     lines = [f"{path}", f"rows: {table.num_rows}", "schema:"]
     lines += [f"  {line}" for line in schema_lines(table.schema)]
-    lines.append(provenance_line(records.read_provenance(path)))
+    provenance = records.read_provenance(path)
+    lines.append(provenance_line(provenance))
+    lines += [f"WARNING, the stage went on (on_failure: continue): {mark['message']}"
+              for mark in provenance.get(MARKS_KEY, [])]
     groups = group_stats(table, bins)
     if groups:
         lines.append("per game:")

@@ -7,6 +7,9 @@
   (``results/prm/metrics.json``);
 * training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``).
 
+Before them, ``warnings.html`` (:func:`write_warnings_page`, included at the top of the report's front page): every
+fail-fast condition a stage went on despite (``on_failure: continue``; ``upstream_warnings`` of the summary).
+
 Inputs are read defensively: a figure whose data is missing says so instead of failing the report.
 
 Each PNG carries the numbers it was drawn from as JSON in its ``clemprm:data`` text chunk
@@ -107,6 +110,30 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
     _save(plt, fig, path, drawn)
 
 
+def write_warnings_page(summary: dict, path: str | Path) -> None:
+    """An HTML block listing the summary's ``upstream_warnings`` (stage, game, condition, count, first error) in red,
+    or one line saying that no stage went on after a failure."""
+    import html
+
+    def cell(mark, column):
+        return html.escape("-" if mark.get(column) is None else str(mark[column]))
+
+    marks = summary.get("upstream_warnings") or []
+    columns = ("stage", "game", "condition", "count", "first_error")
+    if marks:
+        header = "".join(f"<th>{column.replace('_', ' ')}</th>" for column in columns)
+        rows = "".join("<tr>" + "".join(f"<td>{cell(mark, column)}</td>" for column in columns) + "</tr>\n"
+                       for mark in marks)
+        text = ('<div style="border: 3px solid #c00; color: #900; padding: 0.5em 1em; margin-bottom: 1em">\n'
+                f"<p><strong>WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue); the "
+                f"results of this report are built on them.</strong></p>\n"
+                f"<table>\n<tr>{header}</tr>\n{rows}</table>\n</div>\n")
+    else:
+        text = "<p>No stage went on after a failure: every fail-fast check passed.</p>\n"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+
+
 def read_soft_labels(path: str | Path) -> dict[str, list[float]]:
     """Labels per game, or {} when the file cannot be read."""
     import pyarrow.parquet as pq
@@ -202,9 +229,13 @@ def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> 
 
 def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: str, sft_metrics_path: str,
                    outputs: dict[str, str]) -> None:
-    """Write the four figures; ``outputs`` maps scores, soft_labels, calibration, training to PNG paths."""
+    """Write the four figures; ``outputs`` maps scores, soft_labels, calibration, training to PNG paths (and
+    warnings, when given, to the HTML page of :func:`write_warnings_page`)."""
     prm_metrics = _read_json(prm_metrics_path)
-    plot_eval_scores(_read_json(summary_path), outputs["scores"])
+    summary = _read_json(summary_path)
+    if "warnings" in outputs:
+        write_warnings_page(summary, outputs["warnings"])
+    plot_eval_scores(summary, outputs["scores"])
     plot_soft_labels(read_soft_labels(soft_labels_path), outputs["soft_labels"])
     plot_calibration(*calibration_bins(prm_metrics), outputs["calibration"])
     plot_training_curves({"SFT adapter": _read_json(sft_metrics_path).get("history") or [],

@@ -23,7 +23,8 @@ Soft labels
     cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
     its own final score.
 
-    A continuation whose game raises (its code, its scorer, its ``partial_bench_score``) is an error: it is left
+    A continuation whose game raises (its code, its scorer, its ``partial_bench_score``, its scorer on an episode
+    with answers closed as lost) is an error: it is left
     out of the label (``n_errors`` counts it, ``rollout_scores`` holds only the scored ones) and logged with its
     game; a branch point left without any scored continuation gets no label. The shard goes on either way.
 
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from clemprm import records
 from clemprm.play.catalog import GameCatalog, Instance
-from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn
+from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn, marks_metadata
 from clemprm.config import provenance
 from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
 
@@ -95,12 +96,13 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
 def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str, output: str,
                   cache_dir: str | None = None, policy=None, on_failure: str = "stop") -> list[dict]:
     """The SFT policy plays the train split; write its episodes and their branch points. Fails when every
-    episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue."""
+    episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue (then the branch
+    points' provenance records what the stage went on despite)."""
     from clemprm.stages.rollouts import load_policy, summarize
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
-    check_instances("branch_points", catalog, "train", on_failure)
+    marks = check_instances("branch_points", catalog, "train", on_failure)
     policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
@@ -111,12 +113,13 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     if bp_settings["siblings"] > 1:
         rows = with_siblings(engine, BranchPointStates(engine, catalog, policy, settings["seed"]), rows,
                              bp_settings["siblings"], settings["seed"])
-    check_episodes("branch_points", episodes, on_failure)
-    check_not_empty("branch_points", "branch points", len(rows),
-                    f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} failed",
-                    on_failure)
-    records.write_records(episodes_output, episodes, records.EPISODES, provenance(settings))
-    records.write_records(output, rows, records.BRANCH_POINTS, provenance(settings))
+    marks += check_episodes("branch_points", episodes, on_failure)
+    marks += check_not_empty("branch_points", "branch points", len(rows),
+                             f"{len(episodes)} SFT-policy episodes, {sum(e['error'] is not None for e in episodes)} "
+                             f"failed", on_failure, condition="no_branch_points")
+    metadata = {**provenance(settings), **marks_metadata(marks)}
+    records.write_records(episodes_output, episodes, records.EPISODES, metadata)
+    records.write_records(output, rows, records.BRANCH_POINTS, metadata)
     log.info("branch points: %d from %d SFT-policy episodes -> %s\n%s", len(rows), len(episodes), output,
              summarize(episodes))
     return rows
@@ -167,8 +170,9 @@ _NO_PARTIAL_SCORE_LOGGED: set[str] = set()
 
 def partial_score(episode: Episode) -> float:
     """The BENCH_SCORE (0-100) of an unfinished episode at the cutoff. A game master's ``partial_bench_score()``
-    when it has one (an exception there is the continuation's error); otherwise :func:`closed_as_lost_score`, and
-    0 where that yields no finite score (logged once per game)."""
+    when it has one (an exception there is the continuation's error); otherwise :func:`closed_as_lost_score`
+    (whose :class:`ContinuationError` is the continuation's error too), and 0 where that yields no score (logged
+    once per game)."""
     partial = getattr(episode.env.game_master, "partial_bench_score", None)
     if partial is not None:
         try:
@@ -188,12 +192,17 @@ def partial_score(episode: Episode) -> float:
 def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
     """``(Main Score, None)`` of the game's own scorer on a copy of the unfinished ``episode`` closed as lost: the
     game's end-of-game hook logs its keys (as when it ends), then Aborted 0, Lose 1, Success 0 are logged over
-    whatever it logged. ``(nan, why)`` when that yields no finite score (the game was not written to be closed
-    early: its hook or scorer raised, or its Main Score is NaN)."""
+    whatever it logged, and a round the game had opened but not played is dropped (:func:`drop_unplayed_round`).
+
+    ``(nan, why)`` when there is no score: the scorer's Main Score is NaN, or the episode holds no answer yet and
+    the hook or scorer raised on it (clemcore's scorers divide by the episode's requests: an empty episode cannot be
+    scored; not an error). A hook or scorer that raises on an episode with answers is an error of the game's code:
+    :class:`ContinuationError`."""
     from clemcore.clemgame.legacy.master import DialogueGameMaster as LegacyDialogueGameMaster
     from clemcore.clemgame.metrics import METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
 
     closed = episode.fork()
+    interactions = closed.recorder.interactions
     try:
         closing = closed.env.game_master
         with closed.own_generators():
@@ -201,10 +210,37 @@ def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
             closing.log_game_end(auto_count_logging=not isinstance(closing, LegacyDialogueGameMaster))
         for key, value in ((METRIC_ABORTED, 0), (METRIC_LOSE, 1), (METRIC_SUCCESS, 0)):
             closed.recorder.log_key(key, value)
+        drop_unplayed_round(interactions)
         score = float(closed.scores().get("Main Score", math.nan))
     except Exception as error:
-        return math.nan, f"{type(error).__name__}: {error}"
+        if not holds_answers(interactions):
+            return math.nan, f"no answer yet, {type(error).__name__}: {error}"
+        raise ContinuationError(f"the game's scorer raised on the episode closed as lost: "
+                                f"{type(error).__name__}: {error}") from error
     return (score, None) if math.isfinite(score) else (math.nan, f"its Main Score is {score}")
+
+
+def holds_answers(interactions: dict) -> bool:
+    """Whether any player answered yet in an episode's ``interactions`` (clemcore's players log each answer as a
+    ``get message`` event; a game may log other events during set-up)."""
+    return any(event["action"]["type"] == "get message" for events in interactions["turns"] for event in events)
+
+
+def drop_unplayed_round(interactions: dict) -> None:
+    """Remove the last round of an episode's ``interactions`` when the game opened it but nothing happened in it yet
+    (clemcore opens the next round as soon as one ends): a game never ends in such a round, and clemcore's scorer
+    divides by each round's requests. Its per-round request counts go with it."""
+    from clemcore.clemgame.metrics import METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED, METRIC_REQUEST_COUNT_VIOLATED
+
+    turns = interactions["turns"]
+    if len(turns) < 2 or turns[-1]:
+        return
+    turns.pop()
+    for key in (METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED, METRIC_REQUEST_COUNT_VIOLATED):
+        counts = interactions.get(key)
+        if isinstance(counts, list) and len(counts) == len(turns) + 1:
+            counts.pop()
+    interactions["meta"]["round_count"] = len(turns)
 
 
 def continuation_score(episode: Episode, capped: bool, aborted_value: float) -> tuple[float, bool, bool]:
@@ -458,7 +494,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
 def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], output: str,
                        on_failure: str = "stop") -> list[dict]:
     """Concatenate the shards in branch point order into one soft-labels file. Fails when no label has any
-    variance (nothing for a PRM to learn), unless ``on_failure`` is continue."""
+    variance (nothing for a PRM to learn), unless ``on_failure`` is continue (then the file's provenance records
+    it)."""
     by_id = {}
     for path in shard_paths:
         for row in records.read_records(path, records.SOFT_LABELS):
@@ -469,11 +506,14 @@ def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], out
     rows = [by_id[bp_id] for bp_id in order if bp_id in by_id]
     log.info("soft labels: %d of %d branch points labelled (%d without any scored continuation)\n%s", len(rows),
              len(order), len(order) - len(rows), summarize_labels(rows))
-    check_not_empty("gather_soft_labels", "soft labels", len(rows), f"{len(order)} branch points", on_failure)
+    marks = check_not_empty("gather_soft_labels", "soft labels", len(rows), f"{len(order)} branch points", on_failure,
+                            condition="no_soft_labels")
     if rows and len({row["label"] for row in rows}) == 1:
-        fail_or_warn("gather_soft_labels", f"no soft label with any variance: all {len(rows)} labels are "
-                     f"{rows[0]['label']:.3f}, nothing for a PRM to learn ({summarize_labels(rows)})", on_failure)
-    records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
+        marks.append(fail_or_warn(
+            "gather_soft_labels", f"no soft label with any variance: all {len(rows)} labels are "
+            f"{rows[0]['label']:.3f}, nothing for a PRM to learn ({summarize_labels(rows)})", on_failure,
+            condition="no_label_variance", count=len(rows)))
+    records.write_records(output, rows, records.SOFT_LABELS, {**provenance(settings), **marks_metadata(marks)})
     log.info("soft labels -> %s", output)
     return rows
 

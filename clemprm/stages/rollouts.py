@@ -11,7 +11,7 @@ import logging
 
 from clemprm import records
 from clemprm.play.catalog import GameCatalog
-from clemprm.checks.run_time import check_episodes, check_instances
+from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
 from clemprm.play.engine import RolloutEngine, Sampling
 
@@ -44,10 +44,10 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
                   on_failure: str = "stop") -> list[dict]:
     """The base policy plays the train split of every configured game (``episodes_per_instance`` times each).
     Fails (:mod:`clemprm.checks.run_time`) when a game has no train instance or every episode of a game failed,
-    unless ``on_failure`` is continue."""
+    unless ``on_failure`` is continue (then the file's provenance records what it went on despite)."""
     rollout = settings["base_rollouts"]
     catalog = GameCatalog(settings["games"])
-    check_instances("base_rollouts", catalog, "train", on_failure)
+    marks = check_instances("base_rollouts", catalog, "train", on_failure)
     instances = catalog.all_instances("train")
     policy = policy or load_policy(settings["model"], cache_dir)
     sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])
@@ -57,8 +57,8 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
         instances, [policy], repeats=rollout["episodes_per_instance"], base_seed=settings["seed"],
         stage="base_rollouts", policy_name=policy.name)
     log.info("played %d episodes\n%s", len(rows), summarize(rows))
-    check_episodes("base_rollouts", rows, on_failure)
-    records.write_records(output, rows, records.EPISODES, provenance(settings))
+    marks += check_episodes("base_rollouts", rows, on_failure)
+    records.write_records(output, rows, records.EPISODES, {**provenance(settings), **marks_metadata(marks)})
     log.info("wrote %d episodes to %s", len(rows), output)
     return rows
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.checks.run_time import check_not_empty
+from clemprm.checks.run_time import check_not_empty, marks_metadata
 from clemprm.play.clemcore_setup import merge_roles
 from clemprm.config import provenance
 
@@ -399,7 +399,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     """Fine-tune ``settings["model"]`` on the pairs of ``data_path`` (+ ``sft.extra_data``); write the adapter
     folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft.
     Without any win to learn from the stage fails (:mod:`clemprm.checks.run_time`), unless ``on_failure`` is
-    continue: then the adapter is untrained and the metrics say so."""
+    continue: then the adapter is untrained and the metrics say so (``status``, and the stage's failure mark)."""
     import torch
     from peft import get_peft_model
     from transformers import EarlyStoppingCallback, PrinterCallback
@@ -422,9 +422,10 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                  len(extra))
     cfg = ModelConfig.from_dict({**settings["model"], "cache_dir": cache_dir})
     device = device_name()
-    check_not_empty("sft_adapter", "wins to fine-tune on", sum(map(len, rows.values())),
-                    f"{len(rows['sft_data'])} player perspectives of won episodes in {data_path}, "
-                    f"{len(rows.get('extra_data', []))} successful rows of sft.extra_data", on_failure)
+    marks = check_not_empty("sft_adapter", "wins to fine-tune on", sum(map(len, rows.values())),
+                            f"{len(rows['sft_data'])} player perspectives of won episodes in {data_path}, "
+                            f"{len(rows.get('extra_data', []))} successful rows of sft.extra_data", on_failure,
+                            condition="no_wins")
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
     if device == "cpu":
         keep_4bit_differentiable(model)
@@ -460,6 +461,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         "tokens": {"train": sum(len(e) for e in train), "train_answer": sum(len(e.completion_ids) for e in train),
                    "validation": sum(len(e) for e in validation),
                    "max_sequence": max((len(e) for e in train + validation), default=0)},
+        **marks_metadata(marks),
     }
 
     adapter_dir, tmp_root = Path(adapter_dir), None
