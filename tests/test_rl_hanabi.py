@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from clemprm import merge, records
 from clemprm.catalog import GameCatalog
@@ -208,6 +209,8 @@ def test_a_fresh_lora_on_a_tied_lm_head_trains_and_merges(states_file, test_cach
     rl.optimizer.step()
     assert float(lm_head_b[0].detach().abs().max()) > 0 and torch.equal(base.model.embed_tokens.weight, embedding)
     trainer.save_adapters(model, cfg.spec, [trainer.POLICY_ADAPTER], tmp_path / "adapter")
+    saved_adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert all("lora_" in key for key in saved_adapter)   # not PEFT's copy of the whole lm_head matrix
     merge_settings = merge.merge_params(tiny_config(model={"spec": str(tied)}, merge={"contrasts": True}), "causal-lm")
     verification = merge.merge_and_verify("rl", "causal-lm", merge_settings, str(tmp_path / "adapter"), states_file,
                                           str(tmp_path / "merged"), test_cache_dir)

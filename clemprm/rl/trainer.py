@@ -298,9 +298,6 @@ class RLTrainer:
         self.engine = RolloutEngine(catalog, self.sampling)
         self.turn_reward_of = turn_reward_function(rl["reward"])
         self.reward_of = None if self.turn_reward_of is not None else reward_function(rl["reward"])
-        if rl["data"] == "states" and self.turn_reward_of is None:
-            raise ValueError(f"rl.data states trains single turns: it needs a per-turn rl.reward.source "
-                             f"({', '.join(TURN_SOURCES)}), not {rl['reward']['source']!r}")
         self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
         self.scheduler = make_scheduler(self.optimizer, rl)
         self.objective = self._objective()
@@ -410,6 +407,9 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
         raise ValueError(f"rl.algorithm: unknown algorithm {rl['algorithm']!r} (known: {', '.join(ALGORITHMS)})")
     if rl["data"] not in DATA:
         raise ValueError(f"rl.data: unknown value {rl['data']!r} (known: {', '.join(DATA)})")
+    if rl["data"] == "states" and rl["reward"]["source"] not in TURN_SOURCES:
+        raise ValueError(f"rl.data states trains single turns: it needs a per-turn rl.reward.source "
+                         f"({', '.join(TURN_SOURCES)}), not {rl['reward']['source']!r}")
     if rl["algorithm"] == "prime" and rl["reward"]["source"] in TURN_SOURCES:
         raise ValueError(f"rl.reward.source {rl['reward']['source']!r} rewards turns, which grpo trains on; prime's "
                          f"implicit PRM learns from an episode's success (rl.algorithm)")
