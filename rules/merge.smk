@@ -10,8 +10,11 @@ MERGED_ADAPTERS = {
 
 
 def merge_inputs(wildcards):
-    """The adapter and the records its verification examples come from (the SFT data or the PRM's soft labels)."""
+    """The adapter and the records its verification examples come from (the SFT data, the RL prompt set, or the
+    PRM's soft labels)."""
     adapter, task = MERGED_ADAPTERS[wildcards.name]
+    if wildcards.name == "rl" and config["rl"]["data"] == "states":
+        return {"adapter": adapter, "data": RL_STATES}   # trained on the prompt set (rules/rl.smk): its states
     if task == "causal-lm":
         # the SFT stage's extra data is part of its validation split: an input file when set
         return {"adapter": adapter, "data": "results/sft/sft_data.parquet",

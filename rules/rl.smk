@@ -1,12 +1,17 @@
 # Stage 3b: online RL (GRPO or PRIME, rl.algorithm) of the SFT policy on the train split -> a PEFT adapter folder (for
 # PRIME with the implicit PRM in its prm/ sub-folder) and per-step metrics; eval mode greedy_rl plays it.
+from clemprm.config import sorted_dict
+
+RL_STATES = "results/states/states.parquet"
 
 
 rule rl_adapter:
     input:
         # a playpen-data instance list is an input file when set (its content then triggers reruns)
         instance_list=lambda wc: config["games"]["instance_list"] or [],
-        sft_adapter="results/sft/adapter",
+        # rl.lora: a fresh LoRA on the base (no SFT stage needed); rl.data states: the prompt set
+        sft_adapter=lambda wc: [] if config["rl"]["lora"] is not None else "results/sft/adapter",
+        states=lambda wc: RL_STATES if config["rl"]["data"] == "states" else [],
     output:
         adapter=directory("results/rl/adapter"),
         metrics="results/rl/metrics.json",
@@ -21,3 +26,24 @@ rule rl_adapter:
         "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/rl_adapter.py"
+
+
+# The prompt set of rl.data: states: every turn of the hanabi rule-based player's self-play on rl.states.split (a game
+# state: the prompt there, the answers that led to it, the rule-based answer); also the merge's examples for the RL
+# adapter then (its prompts + the rule-based answers).
+rule rl_states:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+    output:
+        RL_STATES,
+    params:
+        settings=sorted_dict({"games": config["games"], "states": config["rl"]["states"]}),
+    log:
+        "results/logs/rl_states.log",
+    benchmark:
+        "results/benchmarks/rl_states.tsv"
+    threads: 1
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/rl_states.py"

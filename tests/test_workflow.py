@@ -326,3 +326,19 @@ def test_rl_adapter(completed_run):
     summary = json.loads((results / "prm_eval.json").read_text())
     assert "greedy_rl" in summary["differences"]["greedy_sft"]
     assert "rl step" in (results / "logs/rl_adapter.log").read_text()
+
+
+def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
+    """rl.data states with a fresh LoRA (configs/hanabi.yaml's RL stage): the merged RL checkpoint needs the prompt
+    set (rule rl_states) and the RL stage only, no rollouts or SFT; the RL stage and the merge read the states."""
+    config = yaml.safe_load((workdir / "tiny.yaml").read_text())
+    config["games"].update(builtin=["hanabi"], experiments={"hanabi": ["small"]})
+    config["rl"] = {"data": "states", "reward": {"source": "turn_scores"}, "loss": "importance_sampling",
+                    "lora": {"r": 4, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "lm_head"]}}
+    path = workdir / "hanabi.yaml"
+    path.write_text(yaml.safe_dump(config))
+    dry_run = snakemake(workdir, "-n", "results/merged/rl", configfile=path).stdout
+    assert planned_rules(dry_run) == {"rl_states", "rl_adapter", "merge"}
+    jobs = dict(re.findall(r"^rule (\w+):\n    input: ([^\n]*)", dry_run, flags=re.MULTILINE))
+    assert "results/states/states.parquet" in jobs["rl_adapter"] and "sft" not in jobs["rl_adapter"]
+    assert jobs["merge"] == "results/rl/adapter, results/states/states.parquet"

@@ -4,5 +4,5 @@ setup_job(snakemake)
 
 from clemprm.rl import trainer  # noqa: E402  (after setup_job: offline mode is read at import)
 
-trainer.train_rl(snakemake.params.settings, snakemake.input.sft_adapter, snakemake.output.adapter,
-                 snakemake.output.metrics, snakemake.config["cache_dir"])
+trainer.train_rl(snakemake.params.settings, snakemake.input.get("sft_adapter") or None, snakemake.output.adapter,
+                 snakemake.output.metrics, snakemake.config["cache_dir"], states=snakemake.input.get("states") or None)

@@ -243,3 +243,15 @@ def parse_free_text(text, tag: str, mode: str, max_chars: int) -> str | None:
             return None
         block = as_text(text)
     return collapse_whitespace(block, max_chars) or None
+
+
+TURN_SCORES_EVENT = "turn scores"
+"""The per-turn scores contract: a game that scores each answer on its own logs one event of this type (action
+``content``: a ``{name: number}`` dict) at every answer, e.g. ``self.log_to_self(TURN_SCORES_EVENT, scores)``.
+Hanabi does (its card's rewards); the RL stage's ``turn_scores`` reward source reads these events of any game."""
+
+
+def turn_scores_of(interactions: dict) -> list[dict]:
+    """The ``turn scores`` events of a recorder's interactions, one per answer, in order."""
+    return [event["action"]["content"] for round_events in interactions["turns"] for event in round_events
+            if event["action"]["type"] == TURN_SCORES_EVENT]

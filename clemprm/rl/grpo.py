@@ -4,6 +4,12 @@
 episode of a group whose rewards are all equal (std 0: nothing to compare; the Playpen paper's rule). Every token
 of every policy turn of an episode gets the episode's advantage; in self-play both players' sequences do (the
 players of a cooperative game share its outcome).
+
+Per-turn rewards (``rl.reward.source: turn_scores``): every turn has its own reward, and its advantage is the
+z-score of that reward among all policy turns of the group (:func:`turn_advantages`): a turn is compared with the
+other answers to the same instance (single-turn states: the ``G`` answers at one state, i.e. GRPO on turns). The
+turn's own reward, not the sum of the later turns' (the card's move rating already values a move by the play that
+follows it).
 """
 
 from __future__ import annotations
@@ -42,6 +48,19 @@ def summary(values: list[float]) -> dict:
             "min": min(values), "max": max(values)}
 
 
+def has_turn_rewards(group: Group) -> bool:
+    """Whether every policy turn of ``group`` has its own reward (a per-turn reward source)."""
+    turns = [turn for sequence in group.sequences for turn in sequence.turns]
+    return bool(turns) and all(turn.reward is not None for turn in turns)
+
+
+def turn_advantages(group: Group) -> dict[int, float]:
+    """The advantage of each policy turn of ``group`` (by ``id(turn)``): the z-score of its own reward among all
+    the group's turns (0 for all when they are equal)."""
+    turns = [turn for sequence in group.sequences for turn in sequence.turns]
+    return {id(turn): advantage for turn, advantage in zip(turns, outcome_advantages([t.reward for t in turns]))}
+
+
 class GRPO:
     """The outcome-advantage objective (no process reward)."""
 
@@ -51,6 +70,14 @@ class GRPO:
         """Set every turn's per-token advantages; return the step's advantage statistics."""
         per_episode, zero_groups = [], 0
         for group in groups:
+            if has_turn_rewards(group):
+                by_turn = turn_advantages(group)
+                zero_groups += not any(by_turn.values())
+                per_episode += list(by_turn.values())
+                for sequence in group.sequences:
+                    for turn in sequence.turns:
+                        turn.advantages = [by_turn[id(turn)]] * len(turn.completion_ids)
+                continue
             advantages = episode_advantages(group)
             zero_groups += not any(advantages.values())
             per_episode += list(advantages.values())

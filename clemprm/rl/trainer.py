@@ -12,11 +12,28 @@ Step
        (gradients) and one with the adapters off (the reference, no gradients), then its own backward: peak memory
        is one turn's graph. Per token ``-A_t * exp(logp_t - sg(logp_t)) + kl_beta * K3_t`` (the ratio is 1 on
        policy; its gradient is ``-A_t * grad logp_t``), ``K3 = exp(d) - d - 1``, ``d = logp_ref - logp``.
+       ``rl.loss: importance_sampling`` (the Hanabi card's loss) replaces the ratio by ``exp(logp_t - q_t)``:
+       ``q_t`` is the *sampler's* log-probability of the token, recomputed right after the rollouts (no
+       gradients, eval mode) with the weights exactly as they generated (the adapter merged into the fp32 base,
+       or active on a 4-bit one), at temperature 1 (the model's own distribution, as vLLM's default logprobs);
+       ``logp_t`` is the trainer's (train mode: LoRA dropout; the unmerged adapter; bf16 autocast on CUDA). So the
+       ratio is the trainer-vs-sampler mismatch the loss corrects for, not the gap to the truncated sampling
+       distribution (temperature, top-k, top-p: the card samples at temperature 1). Where trainer and sampler
+       compute the same distribution the ratio is 1 and the gradient equals the policy gradient's.
        Normalised by ``rl.length_normalisation``: ``tokens`` divides the step's sum by all answer tokens of the
        step, ``constant`` by ``max_new_tokens`` x the step's policy turns (a length-independent weight per token).
        Turns without a gradient are skipped, but counted in the normaliser, so skipping changes nothing. Then
        gradient clipping (``rl.max_grad_norm``), one optimizer step, the learning-rate schedule (linear warmup,
        cosine down to ``min_lr_rate`` x lr).
+
+Start: ``rl.lora`` null trains the SFT adapter further; a ``{r, alpha, dropout, target_modules}`` section trains a
+fresh LoRA on the base instead (the Hanabi card: rank 32, alpha 32, with ``lm_head`` among the targets, which
+TRL's SFTTrainer refuses but this trainer trains; the merge stage then unties lm_head from the embeddings).
+
+Data: ``rl.data: episodes`` plays whole games of train instances; ``states`` trains single-turn on a prompt set
+(:data:`clemprm.records.STATES`, e.g. the hanabi states of the rule-based player's self-play): each step takes
+``rl.instances_per_step`` states and samples ``rl.group_size`` answers at each (:func:`collect_state_groups`),
+rewarded per turn (``rl.reward.source: turn_scores``).
 
 Devices: as SFT. CUDA: the base as the loader gives it (``quantization: auto`` = 4-bit NF4, bf16 compute, forwards
 under bf16 autocast), paged 8-bit AdamW; CPU: fp32, ``torch.optim.AdamW``.
@@ -43,13 +60,15 @@ from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.rl.grpo import GRPO, summary
 from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
-from clemprm.rl.rewards import reward_function
-from clemprm.rl.rollouts import Group, Turn, collect_groups
+from clemprm.rl.rewards import TURN_SOURCES, reward_function, turn_reward_function
+from clemprm.rl.rollouts import Group, Turn, collect_groups, collect_state_groups
 from clemprm.stages.sft import save_adapter
 
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("grpo", "prime")
+LOSSES = ("policy_gradient", "importance_sampling")
+DATA = ("episodes", "states")
 POLICY_ADAPTER = "default"
 OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
 
@@ -57,19 +76,28 @@ OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
 # ------------------------------------------------------------------------------------------ model, optimizer
 
 
-def load_training_model(model_settings: dict, sft_adapter: str, cache_dir: str | None, *, implicit_prm: bool):
+def load_training_model(model_settings: dict, sft_adapter: str | None, cache_dir: str | None, *, implicit_prm: bool,
+                        lora: dict | None = None):
     """``(model config, tokenizer, PEFT model)``: the base with the SFT adapter as the trainable policy adapter
-    (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference."""
+    (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference.
+    With ``lora`` (``rl.lora``) every one of them is a fresh LoRA of that shape on the base instead (B = 0: each
+    starts equal to the base, so the PRM equals its reference)."""
     from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
     from clemprm.stages.sft import device_name, keep_4bit_differentiable
 
-    cfg = ModelConfig.from_dict({**model_settings, "adapter": str(sft_adapter), "cache_dir": cache_dir})
+    if lora is None and sft_adapter is None:
+        raise ValueError("rl: no SFT adapter to start from and no rl.lora for a fresh one")
+    adapter = None if lora is not None else str(sft_adapter)
+    cfg = ModelConfig.from_dict({**model_settings, "adapter": adapter, "cache_dir": cache_dir})
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
     if device_name() == "cpu":
         keep_4bit_differentiable(model)
-    if implicit_prm:
+    if lora is not None:
+        model = fresh_lora(model, lora, [PRM_ADAPTER, REFERENCE_ADAPTER] if implicit_prm else [])
+    elif implicit_prm:
         model.load_adapter(str(sft_adapter), adapter_name=PRM_ADAPTER, is_trainable=True)
         model.load_adapter(str(sft_adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+    if implicit_prm:
         model.set_adapter(POLICY_ADAPTER)
         for name, param in model.named_parameters():  # set_adapter froze all but the active adapter
             if f".{PRM_ADAPTER}." in name:
@@ -79,6 +107,24 @@ def load_training_model(model_settings: dict, sft_adapter: str, cache_dir: str |
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()
     return cfg, tokenizer, model
+
+
+def fresh_lora(model, lora: dict, extra_adapters: list[str]):
+    """A new LoRA (``rl.lora``) on ``model`` as the policy adapter (``default``), plus ``extra_adapters`` of the
+    same shape (PRIME: the PRM and its reference)."""
+    import warnings
+
+    from peft import get_peft_model
+
+    from clemprm.stages.sft import lora_config
+
+    with warnings.catch_warnings():   # PEFT's warning on a LoRA of a tied lm_head: the merge stage unties it
+        warnings.filterwarnings("ignore", message=".*tied.*")
+        model = get_peft_model(model, lora_config(lora, "CAUSAL_LM"))
+        for name in extra_adapters:
+            model.add_adapter(name, lora_config(lora, "CAUSAL_LM"))
+    model.set_adapter(POLICY_ADAPTER)
+    return model
 
 
 def without_lora_dropout(model, adapter: str) -> None:
@@ -97,13 +143,15 @@ def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
 
 
 def make_optimizer(params: list, rl: dict, lr: float, device: str):
-    """AdamW over ``params``: ``rl.optimizer`` auto = paged 8-bit AdamW on CUDA (bitsandbytes), torch's on CPU."""
+    """AdamW over ``params``: ``rl.optimizer`` auto = paged 8-bit AdamW on CUDA (bitsandbytes), torch's on CPU;
+    betas ``rl.adam_betas``."""
     name = rl["optimizer"] if rl["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
+    betas = tuple(rl["adam_betas"])
     if name == "paged_adamw_8bit":
         import bitsandbytes as bnb
-        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=rl["weight_decay"])
+        return bnb.optim.PagedAdamW8bit(params, lr=lr, betas=betas, weight_decay=rl["weight_decay"])
     if name == "adamw_torch":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=rl["weight_decay"])
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=rl["weight_decay"])
     raise ValueError(f"rl.optimizer: unknown optimizer {name!r} (auto, adamw_torch, paged_adamw_8bit)")
 
 
@@ -120,9 +168,10 @@ def make_scheduler(optimizer, rl: dict):
 
 
 def turn_loss(logp: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor, kl_beta: float,
-              normaliser: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, K3 per token)`` of one turn (see the module docstring)."""
-    ratio = torch.exp(logp - logp.detach())
+              normaliser: float, sampler: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, K3 per token)`` of one turn (see the module docstring); ``sampler``: the sampler's log-probs of
+    the answer tokens (the importance-sampling loss), else the ratio is to the trainer's own (on-policy) values."""
+    ratio = torch.exp(logp - (logp.detach() if sampler is None else sampler))
     d = reference - logp
     k3 = torch.exp(d) - d - 1
     loss = (-(advantages * ratio) + kl_beta * k3).sum() / normaliser
@@ -139,9 +188,13 @@ def step_normaliser(turns: list[Turn], length_normalisation: str, max_new_tokens
 
 
 def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, normaliser: float,
-                                compute_dtype=None) -> dict:
-    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; statistics."""
+                                compute_dtype=None, loss: str = "policy_gradient") -> dict:
+    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; statistics.
+    ``loss: importance_sampling`` takes the ratio to each turn's ``sampler_logprobs``."""
+    if loss not in LOSSES:
+        raise ValueError(f"rl.loss: unknown loss {loss!r} (known: {', '.join(LOSSES)})")
     loss_sum, k3_sum, trained_tokens, trained_turns = 0.0, 0.0, 0, 0
+    log_ratios: list[float] = []
     with using_adapter(model, POLICY_ADAPTER):
         for turn in turns:
             if not turn.trained:
@@ -150,14 +203,23 @@ def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, nor
             reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
             logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
             advantages = torch.tensor(turn.advantages, dtype=logp.dtype, device=logp.device)
-            loss, k3 = turn_loss(logp, reference, advantages, beta, normaliser)
-            loss.backward()
-            loss_sum += float(loss.detach())
+            sampler = None
+            if loss == "importance_sampling":
+                if turn.sampler_logprobs is None:
+                    raise ValueError("rl.loss importance_sampling: a trained turn has no sampler log-probs")
+                sampler = torch.tensor(turn.sampler_logprobs, dtype=logp.dtype, device=logp.device)
+                log_ratios += (logp.detach() - sampler).tolist()
+            turn_value, k3 = turn_loss(logp, reference, advantages, beta, normaliser, sampler)
+            turn_value.backward()
+            loss_sum += float(turn_value.detach())
             k3_sum += float(k3.sum())
             trained_tokens += len(turn.completion_ids)
             trained_turns += 1
-    return {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
-            "trained_turns": trained_turns, "trained_tokens": trained_tokens}
+    stats = {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
+             "trained_turns": trained_turns, "trained_tokens": trained_tokens}
+    if loss == "importance_sampling":   # log(trainer / sampler) per trained token: how far off-policy the step is
+        stats["is_log_ratio"] = summary(log_ratios)
+    return stats
 
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -177,6 +239,46 @@ def instance_schedule(instances: list[Instance], per_step: int, steps: int, seed
     return [[order[(step * per_step + k) % len(order)] for k in range(per_step)] for step in range(steps)]
 
 
+def state_schedule(catalog: GameCatalog, states_path: str, per_step: int, steps: int,
+                   seed: int) -> list[list[tuple[Instance, dict]]]:
+    """The states of each step (``rl.data: states``): the prompt set's rows with their instances, in a seeded order,
+    cycled, so every state is trained on before any repeats."""
+    from clemprm import records
+    from clemprm.games.hanabi.states import state_instance
+
+    rows = records.read_records(states_path, records.STATES)
+    if not rows:
+        raise ValueError(f"rl.data states: the prompt set {states_path} has no state")
+    states = [(state_instance(catalog, row), row) for row in rows]
+    random.Random(derive_seed(seed, "rl states order")).shuffle(states)
+    return [[states[(step * per_step + k) % len(states)] for k in range(per_step)] for step in range(steps)]
+
+
+def turn_score_summary(turns: list[Turn]) -> dict:
+    """The step's per-turn rewards and the mean of each per-turn score the game logged (a per-turn source)."""
+    scored = [turn for turn in turns if turn.scores is not None]
+    if not scored:
+        return {}
+    numbers: dict[str, list[float]] = {}   # a score the game leaves empty on a turn (None) counts where given
+    for turn in scored:
+        for name, value in turn.scores.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                numbers.setdefault(name, []).append(float(value))
+    return {"turn_reward": summary([turn.reward for turn in scored]),
+            "turn_scores": {name: sum(values) / len(values) for name, values in sorted(numbers.items())}}
+
+
+def record_sampler_logprobs(model, groups: list[Group], compute_dtype=None) -> None:
+    """Every played turn's ``sampler_logprobs``: its tokens' log-probabilities under ``model`` as it is now (the
+    weights that sampled them, eval mode, no gradients): the importance-sampling loss's denominator."""
+    with torch.no_grad():
+        for group in groups:
+            for sequence in group.sequences:
+                for turn in sequence.turns:
+                    turn.sampler_logprobs = answer_logprobs(model, turn.prompt_ids, turn.completion_ids,
+                                                            compute_dtype).tolist()
+
+
 class RLTrainer:
     """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
 
@@ -194,7 +296,8 @@ class RLTrainer:
         self.policy = PolicyModel(model_cfg, name=f"{model_cfg.short_name}+rl", tokenizer=tokenizer, model=model,
                                   temperature=rl["temperature"], top_p=rl["top_p"], max_new_tokens=rl["max_new_tokens"])
         self.engine = RolloutEngine(catalog, self.sampling)
-        self.reward_of = reward_function(rl["reward"])
+        self.turn_reward_of = turn_reward_function(rl["reward"])
+        self.reward_of = None if self.turn_reward_of is not None else reward_function(rl["reward"])
         self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
         self.scheduler = make_scheduler(self.optimizer, rl)
         self.objective = self._objective()
@@ -211,13 +314,23 @@ class RLTrainer:
                          std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"])
         raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
-    def rollouts(self, instances: list[Instance], step: int) -> list[Group]:
-        """Groups of episodes of ``instances`` played by the current policy (no gradients, eval mode)."""
+    def rollouts(self, instances: list, step: int) -> list[Group]:
+        """Groups of episodes of ``instances`` (``rl.data: states``: ``(instance, state)`` pairs) played by the
+        current policy (no gradients, eval mode); with the importance-sampling loss, the sampler's log-probs."""
         self.model.eval()
         self.policy.decoder.forget_conversations()   # states of the previous weights are stale
         with merged_for_generation(self.model, POLICY_ADAPTER):
-            return collect_groups(self.engine, self.policy, instances, self.rl["group_size"], base_seed=self.seed,
-                                  step=step, sampling=self.sampling, reward_of=self.reward_of)
+            if self.rl["data"] == "states":
+                groups = collect_state_groups(self.engine, self.policy, instances, self.rl["group_size"],
+                                              base_seed=self.seed, step=step, sampling=self.sampling,
+                                              turn_reward_of=self.turn_reward_of)
+            else:
+                groups = collect_groups(self.engine, self.policy, instances, self.rl["group_size"],
+                                        base_seed=self.seed, step=step, sampling=self.sampling,
+                                        reward_of=self.reward_of, turn_reward_of=self.turn_reward_of)
+            if self.rl["loss"] == "importance_sampling":
+                record_sampler_logprobs(self.model, groups, self.compute_dtype)
+        return groups
 
     def update(self, groups: list[Group]) -> dict:
         """The objective's advantages, then one policy update on ``groups``; the update's statistics."""
@@ -226,7 +339,7 @@ class RLTrainer:
         turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
         normaliser = step_normaliser(turns, self.rl["length_normalisation"], self.rl["max_new_tokens"])
         stats = accumulate_policy_gradients(self.model, turns, kl_beta=self.rl["kl_beta"], normaliser=normaliser,
-                                            compute_dtype=self.compute_dtype)
+                                            compute_dtype=self.compute_dtype, loss=self.rl["loss"])
         params = adapter_parameters(self.model, POLICY_ADAPTER)
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.rl["max_grad_norm"])) \
             if stats["trained_turns"] else 0.0
@@ -246,14 +359,14 @@ class RLTrainer:
         rewards = [reward for group in groups for reward in group.rewards()]
         turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
         metrics = {
-            "step": step, "instances": [list(instance.key) for instance in instances], "episodes": len(rows),
+            "step": step, "instances": [list(group.instance.key) for group in groups], "episodes": len(rows),
             "reward": summary(rewards),
             "success_rate": 100 * sum(bool(row["success"]) for row in rows) / max(1, len(rows)),
             "percent_played": 100 * sum(not row["aborted"] for row in rows) / max(1, len(rows)),
             "errors": sum(row["error"] is not None for row in rows),
             "policy_turns": len(turns), "tokens": {"generated": sum(len(t.completion_ids) for t in turns),
                                                    "trained": update.pop("trained_tokens")},
-            **update,
+            **update, **turn_score_summary(turns),
             "seconds": {"rollouts": round(rollout_seconds, 3),
                         "update": round(time.perf_counter() - start - rollout_seconds, 3)},
         }
@@ -279,10 +392,11 @@ def save_adapters(model, spec: str, adapter_names: list[str], adapter_dir: Path)
         shutil.rmtree(tmp_root, ignore_errors=True)
 
 
-def train_rl(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: str,
-             cache_dir: str | None = None) -> dict:
-    """The ``rl_adapter`` stage: RL of the SFT policy on the train split of every configured game; writes the
-    policy adapter (and, for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
+def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_path: str,
+             cache_dir: str | None = None, states: str | None = None) -> dict:
+    """The ``rl_adapter`` stage: RL of the SFT policy (or, ``rl.lora``, of a fresh LoRA) on the train split of
+    every configured game, or (``rl.data: states``) on the prompt set ``states``; writes the policy adapter (and,
+    for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
     ``settings`` is the rule's params: seed, model, games, rl."""
     from clemprm.models.loader import resolve_quantization
     from clemprm.stages.sft import finish_metrics
@@ -291,23 +405,40 @@ def train_rl(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: s
     rl = settings["rl"]
     if rl["algorithm"] not in ALGORITHMS:
         raise ValueError(f"rl.algorithm: unknown algorithm {rl['algorithm']!r} (known: {', '.join(ALGORITHMS)})")
+    if rl["data"] not in DATA:
+        raise ValueError(f"rl.data: unknown value {rl['data']!r} (known: {', '.join(DATA)})")
+    if rl["data"] == "states" and rl["reward"]["source"] not in TURN_SOURCES:
+        raise ValueError(f"rl.data states trains single turns: it needs a per-turn rl.reward.source "
+                         f"({', '.join(TURN_SOURCES)}), not {rl['reward']['source']!r}")
+    if rl["algorithm"] == "prime" and rl["reward"]["source"] in TURN_SOURCES:
+        raise ValueError(f"rl.reward.source {rl['reward']['source']!r} rewards turns, which grpo trains on; prime's "
+                         f"implicit PRM learns from an episode's success (rl.algorithm)")
     torch.manual_seed(int(settings["seed"]))
     catalog = GameCatalog(settings["games"])
-    schedule = instance_schedule(catalog.all_instances("train"), rl["instances_per_step"], rl["steps"],
-                                 int(settings["seed"]))
+    if rl["data"] == "states":
+        if states is None:
+            raise ValueError("rl.data states: no prompt set (the states file) given")
+        schedule = state_schedule(catalog, states, rl["instances_per_step"], rl["steps"], int(settings["seed"]))
+    else:
+        schedule = instance_schedule(catalog.all_instances("train"), rl["instances_per_step"], rl["steps"],
+                                     int(settings["seed"]))
     cfg, tokenizer, model = load_training_model(settings["model"], sft_adapter, cache_dir,
-                                                implicit_prm=rl["algorithm"] == "prime")
+                                                implicit_prm=rl["algorithm"] == "prime", lora=rl["lora"])
     trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
-    log.info("rl %s: %d steps x %d instances x %d episodes, policy %s from %s", rl["algorithm"], rl["steps"],
-             rl["instances_per_step"], rl["group_size"], trainer.policy.name, sft_adapter)
+    log.info("rl %s: %d steps x %d %s x %d %s, %s loss, policy %s from %s", rl["algorithm"], rl["steps"],
+             rl["instances_per_step"], "states" if rl["data"] == "states" else "instances", rl["group_size"],
+             "answers" if rl["data"] == "states" else "episodes", rl["loss"], trainer.policy.name,
+             "a fresh LoRA" if rl["lora"] is not None else sft_adapter)
     steps = [trainer.step(instances, index) for index, instances in enumerate(schedule)]
     adapters = [POLICY_ADAPTER] + ([PRM_ADAPTER] if rl["algorithm"] == "prime" else [])
     save_adapters(model, cfg.spec, adapters, Path(adapter_dir))
     metrics = {"status": "trained", "algorithm": rl["algorithm"],
-               "model": {"spec": cfg.spec, "sft_adapter": str(sft_adapter), "device": trainer.device,
+               "model": {"spec": cfg.spec, "sft_adapter": None if rl["lora"] is not None else str(sft_adapter),
+                         "fresh_lora": rl["lora"], "device": trainer.device,
                          "quantization": resolve_quantization(cfg, trainer.device),
                          "dtype": str(trainer.compute_dtype)},
                "implicit_prm_adapter": "prm" if rl["algorithm"] == "prime" else None,
+               "data": {"kind": rl["data"], "states": states}, "loss": rl["loss"],
                "history": steps, "generation": trainer.policy.stats.as_dict()}
     finish_metrics(metrics, start, settings, metrics_path)
     log.info("rl %s: %d steps in %.0f s; reward %s -> %s; adapter %s", rl["algorithm"], len(steps),

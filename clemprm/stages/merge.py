@@ -19,8 +19,10 @@ Verification (``verification.json`` beside the weights)
     + adapter) on ``merge.examples`` held-out examples of at most ``merge.max_tokens`` tokens (their last tokens):
 
     - causal LM (the policy adapters): SFT pairs of the held-out SFT instances (the SFT stage's own split; the
-      train side when there is none). Per position over the vocabulary: mean and max |logit diff|, max KL(reference
-      || merged), argmax agreement, and the mean per-token log-likelihood of the example's tokens under both.
+      train side when there is none); for an RL adapter trained on a prompt set (``rl.data: states``, no SFT
+      stage), its states' prompts with their reference answers (:func:`states_examples`). Per position over the
+      vocabulary: mean and max |logit diff|, max KL(reference || merged), argmax agreement, and the mean per-token
+      log-likelihood of the example's tokens under both.
     - sequence classification (the PRM, one logit): soft-labelled branch points of the held-out PRM instances. Per
       example the scalar logit: mean and max |logit diff|, max Bernoulli KL of ``sigmoid(logit)``, agreement of
       the decision ``logit > 0``, and the mean soft-label log-likelihood ``y log p + (1 - y) log(1 - p)``. The
@@ -120,13 +122,39 @@ def prm_examples(settings: dict, tokenizer, labels_path: str, n: int, max_tokens
     return Examples([e.input_ids[-max_tokens:] for e in chosen], [e.label for e in chosen], source)
 
 
+def is_states_file(path: str) -> bool:
+    """Whether ``path`` holds prompt-set states (:data:`clemprm.records.STATES`, parquet) rather than SFT data (a
+    parquet or jsonl export of interactions)."""
+    import pyarrow.parquet as pq
+
+    from clemprm import records
+
+    return str(path).endswith(".parquet") and set(records.STATES.names) <= set(pq.read_schema(path).names)
+
+
+def states_examples(settings: dict, tokenizer, eos_ids: list, states_path: str, n: int, max_tokens: int) -> Examples:
+    """``n`` states of a prompt set (seeded sample): the prompt the policy saw there + the reference answer, rendered
+    as SFT renders a pair (``sft.max_length``)."""
+    from clemprm import records
+    from clemprm.stages import sft as sft_stage
+
+    chat = sft_stage.ChatFormat(tokenizer, settings["model"].get("chat_template_kwargs"), eos_ids)
+    encoded = [chat.encode(row["messages"], row["reference"], settings["sft"]["max_length"])
+               for row in records.read_records(states_path, records.STATES)]
+    sequences = [prompt + completion for prompt, completion, _ in filter(None, encoded)]
+    chosen = sample_at_most(sequences, n, settings["seed"])
+    return Examples([ids[-max_tokens:] for ids in chosen], None, "states")
+
+
 def build_examples(task: str, settings: dict, tokenizer, model, data_path: str) -> Examples:
     """The verification examples of ``task`` from ``data_path``, tokenised for ``model``; an error if there is none."""
     n, max_tokens = settings["merge"]["examples"], settings["merge"]["max_tokens"]
     if task == "causal-lm":
         eos = getattr(model.generation_config, "eos_token_id", None)
         eos_ids = [tokenizer.eos_token_id] + (list(eos) if isinstance(eos, (list, tuple)) else [eos])
-        examples = sft_examples(settings, tokenizer, eos_ids, data_path, n, max_tokens)
+        from_states = is_states_file(data_path)
+        examples = (states_examples if from_states else sft_examples)(settings, tokenizer, eos_ids, data_path, n,
+                                                                      max_tokens)
     else:
         examples = prm_examples(settings, tokenizer, data_path, n, max_tokens)
     if not examples.sequences:

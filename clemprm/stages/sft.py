@@ -376,7 +376,10 @@ def save_adapter(model, spec: str, tmp_root: Path, adapter_dir: Path, adapter_na
     them, PEFT's layout) under ``tmp_root``, name their base by ``spec`` (``tiny:0``, ``embedded:...``, a hub id)
     rather than this machine's cache path, then move it into place as ``adapter_dir``."""
     out = tmp_root / "adapter"
-    model.save_pretrained(str(out), **({"selected_adapters": adapter_names} if adapter_names else {}))
+    # save_embedding_layers=False: a LoRA on lm_head (or embed_tokens) would otherwise also save the whole base
+    # matrix (PEFT's default for embedding targets, meant for a resized vocabulary; 113 MB for SmolLM2's lm_head)
+    model.save_pretrained(str(out), save_embedding_layers=False,
+                          **({"selected_adapters": adapter_names} if adapter_names else {}))
     for config_path in out.rglob("adapter_config.json"):
         data = json.loads(config_path.read_text())
         data["base_model_name_or_path"] = spec

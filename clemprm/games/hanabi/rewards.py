@@ -12,17 +12,14 @@ No clemcore import here (the game's ``master.py`` imports this module).
 
 from __future__ import annotations
 
-TURN_SCORES_EVENT = "turn scores"
+from clemprm.games.common import TURN_SCORES_EVENT, turn_scores_of
+
+__all__ = ["REWARD_KEYS", "ROUND_SCORE_NAMES", "TURN_SCORES_EVENT", "turn_rewards", "turn_scores_of"]
+
 REWARD_KEYS = ("deduction", "exact_deduction", "move_rating", "format")
 ROUND_SCORE_NAMES = {"deduction": "Deduction Score", "exact_deduction": "Exact Deduction",
                      "move_rating": "Move Rating", "format": "Format"}
 """The clemcore round-score name of each reward."""
-
-
-def turn_scores_of(interactions: dict) -> list[dict]:
-    """The ``turn scores`` events of a recorder's interactions, one per answer, in order."""
-    return [event["action"]["content"] for round_events in interactions["turns"] for event in round_events
-            if event["action"]["type"] == TURN_SCORES_EVENT]
 
 
 def turn_rewards(episode) -> list[dict]:
