@@ -412,7 +412,8 @@ def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answ
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels2.parquet", policy=loser)
     first = {bp["bp_id"] for bp in bps if bp["turn_idx"] == 0}
     assert first and first.isdisjoint({row["bp_id"] for row in rows})  # every continuation failed: no label
-    assert "the game's scorer raised on the episode closed as lost: RuntimeError: fixture scorer bug" in caplog.text
+    assert ("the game's end-of-game hook or scorer raised on the episode closed as lost: RuntimeError: fixture scorer "
+            "bug") in caplog.text
 
 
 def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(checkout, scripted_policy, tmp_path,

@@ -215,7 +215,7 @@ def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
     except Exception as error:
         if not holds_answers(interactions):
             return math.nan, f"no answer yet, {type(error).__name__}: {error}"
-        raise ContinuationError(f"the game's scorer raised on the episode closed as lost: "
+        raise ContinuationError(f"the game's end-of-game hook or scorer raised on the episode closed as lost: "
                                 f"{type(error).__name__}: {error}") from error
     return (score, None) if math.isfinite(score) else (math.nan, f"its Main Score is {score}")
 
@@ -230,7 +230,8 @@ def drop_unplayed_round(interactions: dict) -> None:
     """Remove the last round of an episode's ``interactions`` when the game opened it but nothing happened in it yet
     (clemcore opens the next round as soon as one ends): a game never ends in such a round, and clemcore's scorer
     divides by each round's requests. Its per-round request counts go with it."""
-    from clemcore.clemgame.metrics import METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED, METRIC_REQUEST_COUNT_VIOLATED
+    from clemcore.clemgame.metrics import (METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED,
+                                           METRIC_REQUEST_COUNT_VIOLATED)
 
     turns = interactions["turns"]
     if len(turns) < 2 or turns[-1]:
