@@ -182,7 +182,8 @@ rule beam_search_logprob:
 
 rule eval_summary:
     input:
-        expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
+        modes=expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
+        prm_metrics="results/prm/metrics.json",
     output:
         report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
     params:
@@ -210,6 +211,8 @@ rule eval_report_figures:
                            category="PRM"),
         training=report("results/report/training_curves.png", caption="../report/training_curves.rst",
                         category="Training"),
+        sibling_picks=report("results/report/prm_sibling_picks.png", caption="../report/prm_sibling_picks.rst",
+                             category="PRM"),
     log:
         "results/logs/eval_report_figures.log",
     benchmark:

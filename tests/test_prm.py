@@ -198,6 +198,37 @@ def test_siblings_are_ranked_by_the_prm_and_the_baselines_on_held_out_prefixes(t
         assert set(metrics["baselines"][name]["validation"]) == {"n", "pearson", "spearman", "auroc"}
 
 
+def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_picks(trained, tmp_path):
+    import jsonschema
+
+    from clemprm import evaluation, report
+
+    metrics = trained["metrics"]
+    summary = evaluation.prm_summary(json.loads((trained["dir"] / "metrics.json").read_text()))
+    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
+    assert summary["ranking"]["scorers"] == metrics["ranking"]["scorers"]
+    assert summary["instances"] == metrics["examples"]["validation_instances"] == 6
+    assert set(summary["global"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
+    assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["validation"]["auroc"]
+    assert "bce" not in summary["global"]["policy_logprob"]
+    assert evaluation.prm_summary({"ranking": None}) is None
+    assert "prm: pairwise accuracy 1.000" in evaluation.ranking_lines(summary)
+
+    report.plot_sibling_picks({"prm": summary}, tmp_path / "picks.png")
+    drawn = report.figure_data(tmp_path / "picks.png")
+    ranking = summary["ranking"]
+    assert drawn["groups"] == ["g1", "g2", "overall"]
+    expected = {"best sibling": [ranking["best_label"][group]["value"] for group in drawn["groups"]]}
+    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"), ("longest candidate", "candidate_length")):
+        expected[label] = [ranking["scorers"][scorer][group]["pick_label"]["value"] for group in drawn["groups"]]
+    for label, values in expected.items():
+        assert drawn["bars"][label]["values"] == pytest.approx(values), label
+    assert drawn["bars"]["PRM pick"]["values"] == pytest.approx(expected["best sibling"])
+    report.plot_sibling_picks({}, tmp_path / "none.png")
+    assert report.figure_data(tmp_path / "none.png") == {"groups": [], "bars": {}}
+
+
 def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
     assert prm.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
     assert prm.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
