@@ -199,6 +199,8 @@ rule eval_summary:
     input:
         modes=expand("results/eval/{mode}.parquet", mode=config["eval"]["modes"]),
         upstream=upstream_stage_outputs,
+        # the PRM stage's held-out metrics, which the summary repeats, when a mode ranks by that PRM
+        prm_metrics=lambda wc: ["results/prm/metrics.json"] if set(config["eval"]["modes"]) & set(EVAL_PRM_MODES) else [],
     output:
         report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
     params:
@@ -228,6 +230,8 @@ rule eval_report_figures:
                            category="PRM"),
         training=report("results/report/training_curves.png", caption="../report/training_curves.rst",
                         category="Training"),
+        sibling_picks=report("results/report/prm_sibling_picks.png", caption="../report/prm_sibling_picks.rst",
+                             category="PRM"),
     log:
         "results/logs/eval_report_figures.log",
     benchmark:

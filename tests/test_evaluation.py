@@ -219,7 +219,7 @@ def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_pat
             {"bin": [0, 0.1], "count": 0, "mean_prediction": None, "mean_label": None},
             {"bin": [0.4, 0.5], "count": 4, "mean_prediction": 0.45, "mean_label": 0.3}]}}}))
     outputs = {name: str(tmp_path / "figures" / f"{name}.png")
-               for name in ("scores", "soft_labels", "calibration", "training")}
+               for name in ("scores", "soft_labels", "calibration", "training", "sibling_picks")}
     report.report_figures(str(summary_path), str(labels), str(prm_metrics), str(tmp_path / "missing.json"), outputs)
     for path in outputs.values():
         with open(path, "rb") as file:
@@ -242,6 +242,7 @@ def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_pat
     assert all((tmp_path / "empty" / f"{name}.png").stat().st_size > 0 for name in outputs)
     assert report.figure_data(empty["scores"])["modes"] == {} and report.figure_data(empty["soft_labels"])["counts"] == {}
     assert report.figure_data(empty["calibration"])["points"] == []
+    assert report.figure_data(empty["sibling_picks"]) == {"groups": [], "bars": {}}
 
 
 def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):

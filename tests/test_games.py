@@ -565,7 +565,7 @@ def test_instance_files(game):
     # committed files are the seed-42 output
     assert by_split == instance_generator(game).build_instances(42)
     sizes = {split: sum(len(e["game_instances"]) for e in data["experiments"]) for split, data in by_split.items()}
-    assert sizes == {"train": 40, "validation": 20, "test": 20}
+    assert sizes == {"train": 40, "validation": 40, "test": 20}   # 40 held-out instances per game
     keys = content_keys(game, by_split)
     for i, first in enumerate(SPLITS):
         for second in SPLITS[i + 1:]:

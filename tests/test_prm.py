@@ -190,15 +190,86 @@ def test_siblings_are_ranked_by_the_prm_and_the_baselines_on_held_out_prefixes(t
     for name, entry in overall.items():
         low, value, high = (entry["top1_regret"][k] for k in ("ci_low", "value", "ci_high"))
         assert low <= value <= high, name
-    assert set(ranking["scorers"]["prm"]) == {"g1", "g2", "overall"}
+    assert set(ranking["scorers"]["prm"]) == {"g1", "g2", "overall"} == set(ranking["best_label"])
+    best = ranking["best_label"]["overall"]["value"]
+    assert overall["prm"]["pick_label"]["value"] == pytest.approx(best)   # the PRM picks the best sibling
+    for name, entry in overall.items():  # the pick's label is the best label minus the regret
+        assert entry["pick_label"]["value"] == pytest.approx(best - entry["top1_regret"]["value"]), name
     for name in ("candidate_length", "policy_logprob"):
         assert set(metrics["baselines"][name]["validation"]) == {"n", "pearson", "spearman", "auroc"}
+
+
+def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_picks(trained, tmp_path):
+    import jsonschema
+
+    from clemprm import evaluation, report
+
+    metrics = trained["metrics"]
+    summary = evaluation.prm_summary(json.loads((trained["dir"] / "metrics.json").read_text()))
+    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
+    assert summary["ranking"]["scorers"] == metrics["ranking"]["scorers"]
+    assert summary["instances"] == metrics["examples"]["validation_instances"] == 6
+    assert set(summary["global"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
+    assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["validation"]["auroc"]
+    assert "bce" not in summary["global"]["policy_logprob"]
+    assert evaluation.prm_summary({"ranking": None}) is None
+    assert "prm: pairwise accuracy 1.000" in evaluation.ranking_lines(summary)
+
+    report.plot_sibling_picks({"prm": summary}, tmp_path / "picks.png")
+    drawn = report.figure_data(tmp_path / "picks.png")
+    ranking = summary["ranking"]
+    assert drawn["groups"] == ["g1", "g2", "overall"]
+    expected = {"best sibling": [ranking["best_label"][group]["value"] for group in drawn["groups"]]}
+    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"), ("longest candidate", "candidate_length")):
+        expected[label] = [ranking["scorers"][scorer][group]["pick_label"]["value"] for group in drawn["groups"]]
+    for label, values in expected.items():
+        assert drawn["bars"][label]["values"] == pytest.approx(values), label
+    assert drawn["bars"]["PRM pick"]["values"] == pytest.approx(expected["best sibling"])
+    report.plot_sibling_picks({}, tmp_path / "none.png")
+    assert report.figure_data(tmp_path / "none.png") == {"groups": [], "bars": {}}
 
 
 def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
     assert prm.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
     assert prm.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
     assert prm.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
+
+
+def test_pairwise_loss_orders_siblings_of_one_state_only():
+    logits = torch.tensor([2.0, 0.0, -1.0, 3.0], requires_grad=True)
+    labels = torch.tensor([1.0, 0.5, 0.5, 0.0])
+    groups = torch.tensor([0, 0, 1, 1])
+    # pairs with different labels inside a state: (0, 1) gap 0.5 and (2, 3) gap 0.5; (1, 2) are of two states
+    expected = (0.5 * torch.nn.functional.softplus(torch.tensor(-2.0))
+                + 0.5 * torch.nn.functional.softplus(torch.tensor(4.0))) / 2   # the second misordered
+    loss = prm.pairwise_loss(logits, labels, groups)
+    assert loss.item() == pytest.approx(expected.item())
+    loss.backward()
+    assert logits.grad[0] < 0 < logits.grad[1] and logits.grad[2] < 0 < logits.grad[3]   # raise the higher label
+    assert prm.pairwise_loss(logits, labels, torch.arange(4)).item() == 0.0               # no siblings, no term
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    assert prm.prm_loss(logits, labels, groups, "bce", 0.0).item() == pytest.approx(bce.item())
+    assert prm.prm_loss(logits, labels, groups, "bce", 2.0).item() == pytest.approx(bce.item() + 2 * expected.item())
+
+
+def test_sampling_keeps_sibling_groups_whole():
+    examples = [prm.Example([1], False, 0.0, ("g", "e", str(i // 3)), prefix_id=f"p{i // 3}", row=i) for i in range(12)]
+    sampled = prm.sample_whole_groups(examples, 7, seed=3)
+    assert len(sampled) == 6 and all(len(group) == 3 for group in prm.sibling_groups(sampled))
+    assert prm.sample_whole_groups(examples, 7, seed=3) == sampled and prm.sample_whole_groups(examples, None, 3) == examples
+
+
+def test_pairwise_training_batches_whole_states_and_ranks_held_out_siblings(tmp_path, test_cache_dir):
+    """With prm.pairwise_weight > 0 a micro-batch holds whole states: 18 train states of 2 siblings in batches of
+    4 states make 5 steps an epoch (pairs: 9); the PRM still ranks the held-out siblings right."""
+    settings = prm_settings(lr=3e-3, epochs=6, batch_size=4, grad_accum=1, validation_fraction=0.25,
+                            pairwise_weight=1.0, early_stopping_patience=6)
+    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
+                            str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir)
+    assert metrics["pairwise_weight"] == 1.0 and metrics["examples"]["train"] == 36
+    assert metrics["steps"] == 5 * metrics["epochs_run"]
+    assert metrics["ranking"]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] == 1.0
 
 
 def test_metrics_json_has_every_key(trained):

@@ -39,7 +39,7 @@ def tiny_workflow_config(cache_dir: str) -> dict:
         "win_filter": {"require_success": True, "min_bench_score": 0.0},
         # a random tiny model rarely wins: a small playpen-data file guarantees SFT examples
         "sft": {"epochs": 2, "batch_size": 4, "grad_accum": 1, "max_examples": 8, "lr": 1e-3, "extra_data": "extra.jsonl"},
-        "branch_points": {"max_new_tokens": 8},
+        "branch_points": {"max_new_tokens": 8, "siblings": 2},   # the PRM's held-out ranking needs siblings
         "labels": {"k": 2, "max_new_tokens": 8, "shards": 2, "checkpoint_every": 2},
         "prm": {"epochs": 1, "max_examples": 16, "batch_size": 8, "grad_accum": 1},
         "eval": {"max_new_tokens": 8, "n": 2, "num_beam_iterations": 4, "bootstrap_samples": 100},
@@ -159,6 +159,10 @@ def test_eval_modes_and_summary(completed_run):
         rows = records.read_records(results / f"eval/{mode}.parquet", records.EVAL_EPISODES)
         assert len(rows) == 3 and {row["mode"] for row in rows} == {mode}   # 3 games x 1 validation instance
         assert summary["modes"][mode]["results"]["overall"]["episodes"] == len(rows)
+    # the PRM's held-out global and within-prefix metrics, for it and every baseline
+    prm_metrics = json.loads((results / "prm/metrics.json").read_text())
+    assert summary["prm"] == evaluation.prm_summary(prm_metrics) and summary["prm"]["ranking"]["prefixes"] > 0
+    assert set(summary["prm"]["ranking"]["scorers"]) == set(evaluation.RANKING_SCORERS)
 
 
 def test_report_figures_show_their_inputs(completed_run):
@@ -188,12 +192,24 @@ def test_report_figures_show_their_inputs(completed_run):
     assert calibration["side"] == side and bins
     assert calibration["points"] == [[b["mean_prediction"], b["mean_label"], b["count"]] for b in bins]
 
+    picks = report.figure_data(results / "report/prm_sibling_picks.png")
+    ranking = summary["prm"]["ranking"]
+    assert picks["groups"] == sorted(set(ranking["best_label"]) - {"overall"}) + ["overall"]
+    assert picks["bars"]["PRM pick"]["values"] == pytest.approx(
+        [_none_as_nan(ranking["scorers"]["prm"][group]["pick_label"]["value"]) for group in picks["groups"]], nan_ok=True)
+    assert picks["bars"]["best sibling"]["values"] == pytest.approx(
+        [_none_as_nan(ranking["best_label"][group]["value"]) for group in picks["groups"]], nan_ok=True)
+
     curves = report.figure_data(results / "report/training_curves.png")
     for name, path in (("SFT adapter", "sft/metrics.json"), ("PRM adapter", "prm/metrics.json")):
         history = json.loads((results / path).read_text())["history"]
         for key in ("train_loss", "eval_loss"):
             assert curves[name][key] == [[row["epoch"], row[key]] for row in history if row.get(key) is not None]
         assert curves[name]["train_loss"]
+
+
+def _none_as_nan(value):
+    return float("nan") if value is None else value
 
 
 def test_every_rule_logs_and_benchmarks(completed_run):

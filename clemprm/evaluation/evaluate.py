@@ -304,12 +304,37 @@ def mode_cost(rows: list[dict], run: dict) -> dict:
             "wall_seconds": run.get("wall_seconds")}
 
 
-def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = ()) -> dict:
+RANKING_SCORERS = ("prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob")
+GLOBAL_KEYS = ("n", "bce", "mse", "pearson", "spearman", "auroc")
+
+
+def prm_summary(prm_metrics: dict) -> dict | None:
+    """The PRM stage's held-out metrics (``results/prm/metrics.json``, its validation instances) as the summary
+    shows them: ``global`` (BCE, MSE, correlations and AUROC against the labels, across states) and ``ranking``
+    (within-prefix pairwise accuracy, top-1 regret and the label of the pick among siblings, with bootstrap CIs,
+    :func:`clemprm.prm.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
+    siblings of a state: their pick is a random pick's expectation. None when the PRM was not trained."""
+    ranking = prm_metrics.get("ranking")
+    if not ranking:
+        return None
+    validation = (prm_metrics.get("evaluation") or {}).get("validation")
+    blocks = {"prm": validation, **{name: (entry or {}).get("validation")
+                                    for name, entry in (prm_metrics.get("baselines") or {}).items()}}
+    return {"side": "validation", "instances": (prm_metrics.get("examples") or {}).get("validation_instances"),
+            "loss": prm_metrics.get("loss"), "pairwise_weight": prm_metrics.get("pairwise_weight"),
+            "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
+                       for name, block in blocks.items() if name in RANKING_SCORERS and block},
+            "ranking": {key: value for key, value in ranking.items() if key != "side"}}
+
+
+def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = (),
+                   prm_metrics_path: str | None = None) -> dict:
     """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema).
 
     ``upstream_paths``: the outputs of the earlier stages the modes were built from (base rollouts, SFT metrics,
     branch points, soft labels); their failure marks (:mod:`clemprm.checks.run_time`), then the modes' own, are the
-    summary's ``upstream_warnings``, and their messages its ``warnings``."""
+    summary's ``upstream_warnings``, and their messages its ``warnings``. ``prm_metrics_path``: the PRM stage's
+    metrics, whose held-out ranking and global metrics the summary repeats (:func:`prm_summary`)."""
     eval_settings = settings["eval"]
     samples, ci, seed = eval_settings["bootstrap_samples"], eval_settings["ci"], settings["seed"]
     runs = {}
@@ -333,9 +358,14 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
                         for baseline in BASELINES if baseline in tables},
         **provenance(settings),
     }
+    if prm_metrics_path is not None:
+        summary["prm"] = prm_summary(json.loads(Path(prm_metrics_path).read_text()))
     jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
     write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))
+    if summary.get("prm"):
+        log.info("PRM on its held-out states (%s instances):\n%s", summary["prm"]["instances"],
+                 ranking_lines(summary["prm"]))
     for warning in summary["warnings"]:
         log.warning("THIS SUMMARY INCLUDES A FAILED STAGE (on_failure: continue): %s", warning)
     return summary
@@ -358,3 +388,22 @@ def summary_lines(summary: dict) -> str:
                          f"cost {entry['cost']}")
     return "\n".join(lines)
 
+
+
+def ranking_lines(prm: dict) -> str:
+    """One line per scorer of :func:`prm_summary`: overall pairwise accuracy, top-1 regret and pick label among
+    siblings (with CIs), and the global AUROC."""
+    def show(estimate):
+        if not estimate or estimate["value"] is None:
+            return "n/a"
+        return f"{estimate['value']:.3f} [{estimate['ci_low']:.3f}, {estimate['ci_high']:.3f}]"
+
+    ranking = prm["ranking"]
+    lines = [f"{ranking['prefixes']} states with siblings, {ranking['pairs_with_different_labels']} sibling pairs "
+             f"with different labels; best sibling's label {show(ranking['best_label'].get(OVERALL))}"]
+    for name, entry in ranking["scorers"].items():
+        overall = entry.get(OVERALL) or {}
+        lines.append(f"{name}: pairwise accuracy {show(overall.get('pairwise_accuracy'))}, top-1 regret "
+                     f"{show(overall.get('top1_regret'))}, pick label {show(overall.get('pick_label'))}, AUROC "
+                     f"{(prm['global'].get(name) or {}).get('auroc')}")
+    return "\n".join(lines)

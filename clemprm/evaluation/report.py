@@ -5,7 +5,9 @@
 * soft labels: the histogram of the branch points' labels per game (``results/labels/soft_labels.parquet``);
 * PRM calibration: mean label against mean prediction per prediction bin, on the held-out branch points
   (``results/prm/metrics.json``);
-* training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``).
+* training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``);
+* sibling picks: per game, the mean label of the sibling the PRM picks against a random pick, the best sibling and
+  the candidate-aware baselines' picks, on the PRM's held-out states (``prm`` of ``results/prm_eval.json``).
 
 Before them, ``warnings.html`` (:func:`write_warnings_page`, included at the top of the report's front page): every
 fail-fast condition a stage went on despite (``on_failure: continue``; ``upstream_warnings`` of the summary).
@@ -227,15 +229,62 @@ def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> 
     _save(plt, fig, path, drawn)
 
 
+# bars of the sibling-picks figure: (label, where its estimates are in the summary's prm.ranking)
+PICK_BARS = (("best sibling", ("best_label",)), ("PRM pick", ("scorers", "prm")),
+             ("random pick", ("scorers", "constant_mean")), ("policy log-prob pick", ("scorers", "policy_logprob")),
+             ("longest candidate", ("scorers", "candidate_length")))
+
+
+def _pick_estimates(ranking: dict, where: tuple[str, ...], group: str) -> dict:
+    entry = ranking
+    for key in where:
+        entry = (entry or {}).get(key) or {}
+    entry = entry.get(group) or {}
+    return entry if "value" in entry else entry.get("pick_label") or {}
+
+
+def plot_sibling_picks(summary: dict, path: str | Path) -> None:
+    """One panel per game (and overall): the mean soft label of the best sibling, of the PRM's pick, of a random
+    pick (the mean sibling) and of the baselines' picks, with their bootstrap CIs, on the PRM's held-out states."""
+    plt = _pyplot()
+    ranking = (summary.get("prm") or {}).get("ranking") or {}
+    groups = sorted(set(ranking.get("best_label") or {}) - {"overall"})
+    groups += ["overall"] if groups else []
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(3.2 * max(1, len(groups)) + 1, 3.8), squeeze=False,
+                             sharey=True)
+    drawn = {"groups": groups, "bars": {}}
+    if not groups:
+        _no_data(axes[0][0], "no states with siblings (branch_points.siblings > 1)")
+    for ax, group in zip(axes[0], groups):
+        for b, (label, where) in enumerate(PICK_BARS):
+            estimate = _pick_estimates(ranking, where, group)
+            value = _number(estimate.get("value"))
+            error = [[max(0.0, value - _number(estimate.get("ci_low")))],
+                     [max(0.0, _number(estimate.get("ci_high")) - value)]]
+            ax.bar([b], [value], 0.8, yerr=error, capsize=3, color=f"C{b}", label=label)
+            drawn["bars"].setdefault(label, {"values": [], "errors": []})
+            drawn["bars"][label]["values"].append(value)
+            drawn["bars"][label]["errors"].append([error[0][0], error[1][0]])
+        prefixes = ((ranking.get("scorers") or {}).get("prm") or {}).get(group, {}).get("prefixes")
+        ax.set_title(f"{group} ({prefixes} states)")
+        ax.set_xticks([])
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("mean soft label of the pick")
+    if groups:
+        axes[0][-1].legend(fontsize="small", loc="upper right")
+    _save(plt, fig, path, drawn)
+
+
 def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: str, sft_metrics_path: str,
                    outputs: dict[str, str]) -> None:
-    """Write the four figures; ``outputs`` maps scores, soft_labels, calibration, training to PNG paths (and
-    warnings, when given, to the HTML page of :func:`write_warnings_page`)."""
+    """Write the five figures; ``outputs`` maps scores, soft_labels, calibration, training, sibling_picks to PNG
+    paths (and warnings, when given, to the HTML page of :func:`write_warnings_page`)."""
     prm_metrics = _read_json(prm_metrics_path)
     summary = _read_json(summary_path)
     if "warnings" in outputs:
         write_warnings_page(summary, outputs["warnings"])
     plot_eval_scores(summary, outputs["scores"])
+    plot_sibling_picks(summary, outputs["sibling_picks"])
     plot_soft_labels(read_soft_labels(soft_labels_path), outputs["soft_labels"])
     plot_calibration(*calibration_bins(prm_metrics), outputs["calibration"])
     plot_training_curves({"SFT adapter": _read_json(sft_metrics_path).get("history") or [],

@@ -29,9 +29,12 @@ Shared prefixes
 Training
     Soft labels (``results/labels/soft_labels.parquet``, :data:`clemprm.records.SOFT_LABELS`), one example per
     branch point. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
-    squared error of ``sigmoid(logit)``), linear schedule with warmup, effective batch ``batch_size x grad_accum``,
+    squared error of ``sigmoid(logit)``), plus, with ``prm.pairwise_weight`` > 0, that weight times a logistic
+    pairwise loss among siblings (:func:`pairwise_loss`; the siblings of a state then share a micro-batch and
+    ``batch_size`` counts states), linear schedule with warmup, effective batch ``batch_size x grad_accum``,
     at most ``prm.epochs`` epochs with early stopping on a held-out slice of *instances*
-    ``(game, experiment, game_id)``; the best epoch's adapter is the one written. CUDA: bf16, gradient
+    ``(game, experiment, game_id)``; the best epoch's adapter is the one written. ``prm.max_examples`` samples
+    whole sibling groups, so that no state loses some of its siblings. CUDA: bf16, gradient
     checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``.
 
 Metrics
@@ -52,6 +55,7 @@ import dataclasses
 import json
 import logging
 import math
+import random
 import shutil
 import tempfile
 import time
@@ -59,9 +63,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
-from clemprm.stages.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
-                         lora_config, normalise, progress_callback, sample_at_most, save_adapter,
+from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+from clemprm.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
+                         lora_config, normalise, progress_callback, save_adapter,
                          split_instances)
 
 log = logging.getLogger(__name__)
@@ -378,6 +382,29 @@ def read_labels(path: str | Path) -> list[dict]:
     return rows
 
 
+def sibling_groups(examples: list[Example]) -> list[list[Example]]:
+    """The examples grouped by ``prefix_id`` (the siblings of one state), groups in order of first appearance."""
+    groups = collections.defaultdict(list)
+    for example in examples:
+        groups[example.prefix_id].append(example)
+    return list(groups.values())
+
+
+def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
+    """At most ``limit`` examples (all when None) made of whole sibling groups: the groups in an order drawn by
+    ``seed``, each taken while it fits (a pair-wise draw would split states and lose the pairs the ranking metrics
+    and the pairwise loss compare)."""
+    if limit is None or len(examples) <= limit:
+        return examples
+    groups = sibling_groups(examples)
+    chosen, total = [], 0
+    for group in random.Random(seed).sample(groups, len(groups)):
+        if total + len(group) <= limit:
+            chosen.extend(group)
+            total += len(group)
+    return chosen
+
+
 def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int) -> list[Example]:
     return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], chat_template_kwargs, max_length),
                     label=float(row["label"]), key=instance_key(row), prefix_id=row.get("prefix_id") or row["bp_id"],
@@ -502,7 +529,8 @@ def sibling_statistics(scores: list[float], labels: list[float]) -> tuple[float,
 def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], samples: int, seed: int,
                     ci: float) -> dict:
     """What a search needs of a scorer, on the prefixes of ``examples`` with two or more siblings: within-prefix
-    pairwise accuracy (among siblings with different labels) and top-1 regret, overall (pooled over prefixes) and
+    pairwise accuracy (among siblings with different labels), top-1 regret and the mean label of the pick (next
+    to ``best_label``, the mean label of the best sibling), overall (pooled over prefixes) and
     per game, with percentile bootstrap intervals over instances resampled within each game (the helpers of
     :mod:`clemprm.evaluation.evaluate`; the same draws for every scorer, so their intervals compare on equal terms)."""
     import numpy as np
@@ -519,20 +547,22 @@ def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], sa
     result = {"prefixes": len(groups), "siblings": sum(map(len, groups)), "instances": len(instances),
               "pairs_with_different_labels": sum(sibling_statistics([0.0] * len(g), [examples[i].label for i in g])[1]
                                                  for g in groups),
-              "scorers": {}}
+              "best_label": {}, "scorers": {}}
     if not groups:
         return result
     tables = {game: pd.DataFrame(index=[key for key in instances if key[0] == game]) for game in games}
     weights = bootstrap_weights(tables, samples, seed)
+    members_of = [(game, [game]) for game in games] + [(OVERALL, games)]
     for name, scores in scorers.items():
-        # per game, per instance: concordant, pairs, regret sum, prefixes
-        sums = {game: np.zeros((len(table), 4)) for game, table in tables.items()}
+        # per game, per instance: concordant, pairs, regret sum, prefixes, best-label sum
+        sums = {game: np.zeros((len(table), 5)) for game, table in tables.items()}
         for g in groups:
             key = examples[g[0]].key
-            concordant, pairs, regret = sibling_statistics([scores[i] for i in g], [examples[i].label for i in g])
-            sums[key[0]][tables[key[0]].index.get_loc(key)] += (concordant, pairs, regret, 1)
+            labels = [examples[i].label for i in g]
+            concordant, pairs, regret = sibling_statistics([scores[i] for i in g], labels)
+            sums[key[0]][tables[key[0]].index.get_loc(key)] += (concordant, pairs, regret, 1, max(labels))
         entry = {}
-        for group, members in [(game, [game]) for game in games] + [(OVERALL, games)]:
+        for group, members in members_of:
             point = sum(sums[game].sum(axis=0) for game in members)
             draws = sum(weights[game] @ sums[game] for game in members)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -540,7 +570,11 @@ def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], sa
                     "pairwise_accuracy": interval(point[0] / point[1] if point[1] else math.nan,
                                                   draws[:, 0] / draws[:, 1], ci),
                     "top1_regret": interval(point[2] / point[3], draws[:, 2] / draws[:, 3], ci),
+                    # the mean label of the sibling this scorer picks (best label minus regret)
+                    "pick_label": interval((point[4] - point[2]) / point[3], (draws[:, 4] - draws[:, 2]) / draws[:, 3],
+                                           ci),
                     "pairs": int(point[1]), "prefixes": int(point[3])}
+                result["best_label"][group] = interval(point[4] / point[3], draws[:, 4] / draws[:, 3], ci)
         result["scorers"][name] = entry
     return result
 
@@ -576,47 +610,84 @@ def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, gr
         dataloader_pin_memory=device == "cuda", **per_epoch)
 
 
-def _trainer_class():
+def pairwise_loss(logits, labels, groups):
+    """The logistic pairwise loss among siblings: over every pair of one group (``groups``: a state's index per
+    row) whose labels differ, ``softplus(-(logit_higher - logit_lower))`` weighted by the label gap (a pair that
+    differs by one continuation of K counts 1/K of a win-against-loss pair), averaged over those pairs; 0 when
+    the batch has none. Only the ordering of siblings enters, not the level of a state, which BCE fits."""
     import torch.nn.functional as F
+
+    gap = labels.unsqueeze(1) - labels.unsqueeze(0)
+    pairs = (groups.unsqueeze(1) == groups.unsqueeze(0)) & (gap > 0)
+    if not pairs.any():
+        return logits.sum() * 0.0
+    margins = logits.unsqueeze(1) - logits.unsqueeze(0)
+    return (gap[pairs] * F.softplus(-margins[pairs])).mean()
+
+
+def prm_loss(logits, labels, groups, loss: str, pairwise_weight: float):
+    """The training loss of a micro-batch: BCE with logits against the soft labels (``mse``: squared error of the
+    sigmoid), plus ``pairwise_weight`` x :func:`pairwise_loss` among the siblings of ``groups``."""
+    import torch.nn.functional as F
+
+    labels = labels.float()
+    if loss == "mse":
+        pointwise = F.mse_loss(logits.sigmoid(), labels)
+    else:
+        pointwise = F.binary_cross_entropy_with_logits(logits, labels)
+    if not pairwise_weight:
+        return pointwise
+    return pointwise + pairwise_weight * pairwise_loss(logits, labels, groups)
+
+
+def _trainer_class():
     from transformers import Trainer
 
     class PRMTrainer(Trainer):
-        """A Trainer whose loss is BCE with logits of the one logit against the soft label (``mse``: squared
-        error of its sigmoid). The loss is a micro-batch mean: the Trainer divides it by the accumulation steps."""
+        """A Trainer whose loss is :func:`prm_loss` of the one logit. The loss is a micro-batch mean: the Trainer
+        divides it by the accumulation steps."""
 
         loss_is_scaled_for_ga = False
 
-        def __init__(self, *args, loss: str = "bce", **kwargs):
+        def __init__(self, *args, loss: str = "bce", pairwise_weight: float = 0.0, **kwargs):
             super().__init__(*args, **kwargs)
             self.loss = loss
+            self.pairwise_weight = pairwise_weight
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels = inputs.pop("labels")
+            groups = inputs.pop("groups")
             outputs = model(**inputs)
-            logits = outputs.logits.squeeze(-1).float()
-            if self.loss == "mse":
-                loss = F.mse_loss(logits.sigmoid(), labels.float())
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits, labels.float())
+            loss = prm_loss(outputs.logits.squeeze(-1).float(), labels, groups, self.loss, self.pairwise_weight)
             return (loss, outputs) if return_outputs else loss
 
     return PRMTrainer
 
 
 def _collator(pad_id: int):
+    """Batches of dataset rows (:func:`_as_dataset`), each one sibling group or one pair, flattened into pairs;
+    ``groups`` holds each pair's row in the batch."""
     import torch
 
     def collate(batch: list[dict]) -> dict:
-        input_ids, attention_mask = pad_right([row["input_ids"] for row in batch], pad_id)
+        sequences = [ids for row in batch for ids in row["input_ids"]]
+        input_ids, attention_mask = pad_right(sequences, pad_id)
         return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "labels": torch.tensor([row["labels"] for row in batch], dtype=torch.float32)}
+                "labels": torch.tensor([label for row in batch for label in row["labels"]], dtype=torch.float32),
+                "groups": torch.tensor([i for i, row in enumerate(batch) for _ in row["labels"]])}
 
     return collate
 
 
-def _as_dataset(examples: list[Example]):
+def _as_dataset(examples: list[Example], by_state: bool):
+    """One row per pair, or (``by_state``: the pairwise loss needs a state's siblings in one micro-batch) one row
+    per sibling group; ``length`` (its tokens) lets the Trainer group rows of similar lengths."""
     from datasets import Dataset
-    return Dataset.from_dict({"input_ids": [e.input_ids for e in examples], "labels": [e.label for e in examples]})
+
+    groups = sibling_groups(examples) if by_state else [[e] for e in examples]
+    return Dataset.from_dict({"input_ids": [[e.input_ids for e in group] for group in groups],
+                              "labels": [[e.label for e in group] for group in groups],
+                              "length": [sum(len(e.input_ids) for e in group) for group in groups]})
 
 
 def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validation: list[Example], output_dir: str,
@@ -625,19 +696,22 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     training part of the metrics."""
     from transformers import EarlyStoppingCallback, PrinterCallback
 
-    grad_accum = effective_grad_accum(prm["batch_size"], prm["grad_accum"], len(train))
+    by_state = prm["pairwise_weight"] > 0
+    train_rows = len(sibling_groups(train)) if by_state else len(train)
+    grad_accum = effective_grad_accum(prm["batch_size"], prm["grad_accum"], train_rows)
     if grad_accum < prm["grad_accum"]:
-        log.info("prm: %d train pairs make %d batches of %d: gradient accumulation capped at %d (of %d) so that "
-                 "every epoch makes an optimizer step", len(train), math.ceil(len(train) / prm["batch_size"]),
-                 prm["batch_size"], grad_accum, prm["grad_accum"])
+        log.info("prm: %d train %s make %d batches of %d: gradient accumulation capped at %d (of %d) so that "
+                 "every epoch makes an optimizer step", train_rows, "states" if by_state else "pairs",
+                 math.ceil(train_rows / prm["batch_size"]), prm["batch_size"], grad_accum, prm["grad_accum"])
     args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation))
     callbacks = [progress_callback("prm")]
     if validation:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
     trainer = _trainer_class()(
-        model=model, args=args, train_dataset=_as_dataset(train),
-        eval_dataset=_as_dataset(validation) if validation else None, data_collator=_collator(tokenizer.pad_token_id),
-        callbacks=callbacks, loss=prm["loss"])
+        model=model, args=args, train_dataset=_as_dataset(train, by_state),
+        eval_dataset=_as_dataset(validation, by_state) if validation else None,
+        data_collator=_collator(tokenizer.pad_token_id), callbacks=callbacks, loss=prm["loss"],
+        pairwise_weight=prm["pairwise_weight"])
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
     initial = trainer.evaluate() if validation else None
     start = time.perf_counter()
@@ -730,8 +804,8 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
 
     examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"])
     validation_keys = split_instances([e.key for e in examples], prm["validation_fraction"], seed)
-    train = sample_at_most([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
-    validation = sample_at_most([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
+    train = sample_whole_groups([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
+    validation = sample_whole_groups([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
     log.info("prm data: %d branch points from %s (%d truncated to %d tokens); train %d pairs on %d instances, "
              "validation %d pairs on %d instances", len(examples), labels_path, sum(e.truncated for e in examples),
              prm["max_length"], len(train), len({e.key for e in train}), len(validation), len(validation_keys))
@@ -739,7 +813,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
                   "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
                   "eos_token": tokenizer.eos_token},
-        "loss": prm["loss"],
+        "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"],
         "examples": {
             "rows": len(rows), "train": len(train), "validation": len(validation),
             "train_available": sum(e.key not in validation_keys for e in examples),

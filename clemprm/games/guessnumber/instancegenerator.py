@@ -2,7 +2,10 @@
 
 Each experiment's secret numbers are shuffled and cut into disjoint train/validation/test parts, so no
 (experiment, target) pair is in two splits. ``game_id`` runs on across the splits of an experiment
-(train from 0, then validation, then test), so ``(game, experiment, game_id)`` names one instance everywhere.
+(train from 0, then validation, then test, then the extra validation instances), so ``(game, experiment,
+game_id)`` names one instance everywhere. The extra validation instances (:data:`EXTRA_VALIDATION`, from the
+experiments with numbers to spare: 40 validation instances in all, for held-out metrics whose intervals say
+something) take the secret numbers drawn after all the others: the earlier instances stay exactly as they were.
 
     python -m clemprm.games.guessnumber.instancegenerator [--seed 42] [--out DIR]
 """
@@ -25,6 +28,7 @@ EXPERIMENTS = (
     ("range100", 100, 7, {"train": 13, "validation": 6, "test": 6}),
 )
 SPLITS = ("train", "validation", "test")
+EXTRA_VALIDATION = {"range50": 10, "range100": 10}   # per experiment, drawn last
 
 
 def build_instances(seed: int = 42) -> dict[str, dict]:
@@ -32,7 +36,10 @@ def build_instances(seed: int = 42) -> dict[str, dict]:
     by_split: dict[str, dict] = {split: {"experiments": []} for split in SPLITS}
     for index, (name, max_number, max_guesses, counts) in enumerate(EXPERIMENTS):
         rng = random.Random(seed * 1000 + index)
-        targets = rng.sample(range(1, max_number + 1), sum(counts.values()))
+        extra = EXTRA_VALIDATION.get(name, 0)
+        # drawn one after the other: the extra numbers come after (and leave as they were) the splits' numbers
+        targets = rng.sample(range(1, max_number + 1), sum(counts.values()) + extra)
+        extra_targets = targets[len(targets) - extra:]
         game_id = 0
         for split in SPLITS:
             part, targets = targets[:counts[split]], targets[counts[split]:]
@@ -47,6 +54,8 @@ def build_instances(seed: int = 42) -> dict[str, dict]:
                 "max_guesses": max_guesses,
                 "game_instances": instances,
             })
+        by_split["validation"]["experiments"][-1]["game_instances"] += [
+            {"game_id": game_id + i, "target": target} for i, target in enumerate(extra_targets)]
     return by_split
 
 

@@ -2,13 +2,17 @@
 
 Every category of ``resources/lexicon.json`` (12 words each) is shuffled and cut into train (6 words),
 validation (3) and test (3) words; an instance only uses words of its split, so no word is in two splits.
-Within a split every odd word is used once. An instance: three words of one category plus one odd word,
+Within a split every odd word is used once, except in the extra validation instances (below). An instance: three words of one category plus one odd word,
 shuffled. Experiments:
 
 * ``different_domain`` (easy): the odd word's category is in another domain (e.g. fruits + a tool);
 * ``same_domain`` (hard): the odd word's category is a sibling in the same domain (e.g. fruits + a vegetable).
 
-``game_id`` runs on across the splits of an experiment (train from 0, then validation, then test).
+``game_id`` runs on across the splits of an experiment (train from 0, then validation, then test, then the extra
+validation instances). The extra validation instances (:data:`EXTRA_VALIDATION` per experiment: 40 validation
+instances per game, for held-out metrics whose intervals say something) are drawn after all the others from the
+same validation words, every odd word once within its experiment (the 36 validation words cannot give 40 distinct
+odd words): the earlier instances stay exactly as they were.
 
     python -m clemprm.games.oddoneout.instancegenerator [--seed 42] [--out DIR]
 """
@@ -31,6 +35,7 @@ EXPERIMENTS = (
     ("different_domain", {"train": 20, "validation": 10, "test": 10}),
     ("same_domain", {"train": 20, "validation": 10, "test": 10}),
 )
+EXTRA_VALIDATION = 10   # per experiment, drawn last
 
 
 def split_words(categories: dict[str, list[str]], rng: random.Random) -> dict[str, dict[str, list[str]]]:
@@ -73,35 +78,49 @@ def build_instances(seed: int = 42) -> dict[str, dict]:
     words_by_split = split_words(lexicon["categories"], rng)
     by_split: dict[str, dict] = {split: {"experiments": []} for split in SPLITS}
     used_odd_words: dict[str, set[str]] = {split: set() for split in SPLITS}
+    next_id = {}
     for name, counts in EXPERIMENTS:
-        game_id = 0
+        next_id[name] = 0
         for split in SPLITS:
-            instances = []
-            for _ in range(10_000):
-                if len(instances) == counts[split]:
-                    break
-                category, odd_category, triple, odd_word = _draw(name, lexicon, words_by_split[split], rng)
-                if odd_word in used_odd_words[split]:
-                    continue
-                used_odd_words[split].add(odd_word)
-                instances.append({
-                    "game_id": game_id,
-                    "words": rng.sample(triple + [odd_word], 4),
-                    "odd_word": odd_word,
-                    "category": category,
-                    "category_label": lexicon["labels"][category],
-                    "odd_category": odd_category,
-                })
-                game_id += 1
-            if len(instances) < counts[split]:
-                raise RuntimeError(f"oddoneout: cannot draw {counts[split]} {name} instances for {split}")
+            instances = draw_instances(name, lexicon, words_by_split[split], rng, used_odd_words[split], counts[split],
+                                       next_id[name], split)
+            next_id[name] += len(instances)
             by_split[split]["experiments"].append({
                 "name": name,
                 "parse_mode": DEFAULT_PARSE_MODE,
                 "max_attempts": MAX_ATTEMPTS,
                 "game_instances": instances,
             })
+    for name, experiment in zip(next_id, by_split["validation"]["experiments"]):
+        used = {instance["odd_word"] for instance in experiment["game_instances"]}
+        experiment["game_instances"] += draw_instances(name, lexicon, words_by_split["validation"], rng, used,
+                                                       EXTRA_VALIDATION, next_id[name], "validation")
     return by_split
+
+
+def draw_instances(name: str, lexicon: dict, words: dict[str, list[str]], rng: random.Random, used_odd_words: set[str],
+                   count: int, first_id: int, split: str) -> list[dict]:
+    """``count`` instances of experiment ``name`` from ``words``, ids from ``first_id``, each with an odd word not in
+    ``used_odd_words`` (which gains them)."""
+    instances = []
+    for _ in range(10_000):
+        if len(instances) == count:
+            break
+        category, odd_category, triple, odd_word = _draw(name, lexicon, words, rng)
+        if odd_word in used_odd_words:
+            continue
+        used_odd_words.add(odd_word)
+        instances.append({
+            "game_id": first_id + len(instances),
+            "words": rng.sample(triple + [odd_word], 4),
+            "odd_word": odd_word,
+            "category": category,
+            "category_label": lexicon["labels"][category],
+            "odd_category": odd_category,
+        })
+    if len(instances) < count:
+        raise RuntimeError(f"oddoneout: cannot draw {count} {name} instances for {split}")
+    return instances
 
 
 def generate(seed: int = 42, out_dir: str | Path | None = None) -> dict[str, dict]:

@@ -2,12 +2,17 @@
 
 Every category of ``resources/lexicon.json`` (12 words each) is shuffled and cut into train (6 words),
 validation (3) and test (3) words; an instance only uses words of its split, so no word (target or distractor)
-is in two splits. Within a split every target is used once. Experiments:
+is in two splits. Within a split every target is used once, except in the extra validation instances (below).
+Experiments:
 
 * ``different_category`` (easy): the three words come from three different categories;
 * ``same_category`` (hard): the three words come from one category.
 
-``game_id`` runs on across the splits of an experiment (train from 0, then validation, then test).
+``game_id`` runs on across the splits of an experiment (train from 0, then validation, then test, then the extra
+validation instances). The extra validation instances (:data:`EXTRA_VALIDATION` per experiment: 40 validation
+instances per game, for held-out metrics whose intervals say something) are drawn after all the others from the
+same validation words, every target once within its experiment (the 36 validation words cannot give 40 distinct
+targets): the earlier instances stay exactly as they were.
 
     python -m clemprm.games.wordref.instancegenerator [--seed 42] [--out DIR]
 """
@@ -29,6 +34,7 @@ EXPERIMENTS = (
     ("different_category", {"train": 20, "validation": 10, "test": 10}),
     ("same_category", {"train": 20, "validation": 10, "test": 10}),
 )
+EXTRA_VALIDATION = 10   # per experiment, drawn last
 
 
 def split_words(categories: dict[str, list[str]], rng: random.Random) -> dict[str, dict[str, list[str]]]:
@@ -62,36 +68,50 @@ def build_instances(seed: int = 42) -> dict[str, dict]:
     words_by_split = split_words(lexicon["categories"], rng)
     by_split: dict[str, dict] = {split: {"experiments": []} for split in SPLITS}
     used_targets: dict[str, set[str]] = {split: set() for split in SPLITS}
+    next_id = {}
     for name, counts in EXPERIMENTS:
-        game_id = 0
+        next_id[name] = 0
         for split in SPLITS:
-            instances = []
-            for _ in range(10_000):
-                if len(instances) == counts[split]:
-                    break
-                triple, categories, target = _draw(name, words_by_split[split], rng)
-                if target in used_targets[split]:
-                    continue
-                used_targets[split].add(target)
-                order = rng.sample(range(3), 3)
-                instances.append({
-                    "game_id": game_id,
-                    "target": target,
-                    "target_category": categories[triple.index(target)],
-                    "target_label": lexicon["labels"][categories[triple.index(target)]],
-                    "words": [triple[i] for i in order],
-                    "categories": [categories[i] for i in order],
-                    "guesser_words": rng.sample(triple, 3),
-                })
-                game_id += 1
-            if len(instances) < counts[split]:
-                raise RuntimeError(f"wordref: cannot draw {counts[split]} {name} instances for {split}")
+            instances = draw_instances(name, lexicon, words_by_split[split], rng, used_targets[split], counts[split],
+                                       next_id[name], split)
+            next_id[name] += len(instances)
             by_split[split]["experiments"].append({
                 "name": name,
                 "parse_mode": DEFAULT_PARSE_MODE,
                 "game_instances": instances,
             })
+    for name, experiment in zip(next_id, by_split["validation"]["experiments"]):
+        used = {instance["target"] for instance in experiment["game_instances"]}
+        experiment["game_instances"] += draw_instances(name, lexicon, words_by_split["validation"], rng, used,
+                                                       EXTRA_VALIDATION, next_id[name], "validation")
     return by_split
+
+
+def draw_instances(name: str, lexicon: dict, words: dict[str, list[str]], rng: random.Random, used_targets: set[str],
+                   count: int, first_id: int, split: str) -> list[dict]:
+    """``count`` instances of experiment ``name`` from ``words``, ids from ``first_id``, each with a target not in
+    ``used_targets`` (which gains them)."""
+    instances = []
+    for _ in range(10_000):
+        if len(instances) == count:
+            break
+        triple, categories, target = _draw(name, words, rng)
+        if target in used_targets:
+            continue
+        used_targets.add(target)
+        order = rng.sample(range(3), 3)
+        instances.append({
+            "game_id": first_id + len(instances),
+            "target": target,
+            "target_category": categories[triple.index(target)],
+            "target_label": lexicon["labels"][categories[triple.index(target)]],
+            "words": [triple[i] for i in order],
+            "categories": [categories[i] for i in order],
+            "guesser_words": rng.sample(triple, 3),
+        })
+    if len(instances) < count:
+        raise RuntimeError(f"wordref: cannot draw {count} {name} instances for {split}")
+    return instances
 
 
 def generate(seed: int = 42, out_dir: str | Path | None = None) -> dict[str, dict]:

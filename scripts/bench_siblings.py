@@ -1,0 +1,88 @@
+"""Benchmark: what M sibling candidates per branch point cost (branch points and soft labels), and what the prefix
+store saves, side by side in one run.
+
+    python scripts/bench_siblings.py [--model embedded:smollm2-135m-instruct] [--siblings 1 2 4] [--k 2]
+                                     [--instances 1] [--threads 2]
+
+The policy (the base ``--model``; the pipeline uses the SFT policy, which plays alike in cost) plays ``--instances``
+train instances per built-in game once; their branch points (``branch_points.max_per_episode`` per episode) are the
+states. Then, for each M of ``--siblings``: the M - 1 siblings sampled from each state
+(:func:`clemprm.labels.with_siblings`, the branch-point stage's part that grows with M), and the K-continuation
+soft labels of all M candidates of every state (:func:`clemprm.labels.label_chunk`, the soft-label stage), once
+with the decoder's prefix store (``model.prefix_cache_mb``: a fork or a game's next turn prefills only its new
+tokens) and once without it. Prints seconds, continuations/s, the cost relative to M = 1, the store's saving, and
+how many states' siblings got different labels (what a PRM trained on siblings can learn from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from clemprm import labels
+from clemprm.catalog import GameCatalog
+from clemprm.config import load_config
+from clemprm.engine import RolloutEngine, Sampling
+from clemprm.stages import load_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model spec (default: config.yaml's model.spec)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--siblings", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--k", type=int, default=2, help="continuations per candidate")
+    parser.add_argument("--instances", type=int, default=1, help="train instances per game")
+    args = parser.parse_args()
+
+    config = load_config(overrides={"games": {"max_instances": {"train": args.instances}}})
+    model = {**config["model"], "threads": args.threads, **({"spec": args.model} if args.model else {})}
+    bp_settings, label_settings = config["branch_points"], {**config["labels"], "k": args.k}
+    seed = config["seed"]
+    policy = load_policy(model)
+    catalog = GameCatalog(config["games"])
+    engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
+                                             bp_settings["max_new_tokens"]))
+    label_engine = RolloutEngine(catalog, Sampling(label_settings["temperature"], label_settings["top_p"],
+                                                   label_settings["max_new_tokens"]))
+    start = time.perf_counter()
+    episodes = engine.play(catalog.all_instances("train"), [policy], repeats=1, base_seed=seed, stage="branch_points",
+                           policy_name=policy.name)
+    play_seconds = time.perf_counter() - start
+    states = [row for episode in episodes for row in labels.branch_points_of(episode, bp_settings["max_per_episode"],
+                                                                               seed)]
+    print(f"model {policy.name}, {args.threads} threads, {len(episodes)} episodes played in {play_seconds:.1f} s, "
+          f"{len(states)} states, K={args.k}, labels max {label_settings['max_new_tokens']} new tokens")
+    store = policy.decoder.prefix_store
+    print(f"{'M':>2} {'candidates':>10} {'siblings s':>10} {'store':>5} {'conts':>6} {'labels s':>9} {'conts/s':>8} "
+          f"{'s/state':>8} {'x M=1':>6} {'states w/ diff. labels':>22}")
+    first = {}
+    for m in args.siblings:
+        policy.decoder.forget_conversations()
+        start = time.perf_counter()
+        rows = states if m == 1 else labels.with_siblings(
+            engine, labels.BranchPointStates(engine, catalog, policy, seed), states, m, seed)
+        sibling_seconds = time.perf_counter() - start
+        for use_store in (True, False):
+            policy.decoder.prefix_store = store if use_store else None
+            policy.decoder.forget_conversations()   # every run starts cold, as the soft-label stage does
+            start = time.perf_counter()
+            labelled = labels.label_chunk(label_engine, labels.BranchPointStates(label_engine, catalog, policy, seed),
+                                          rows, label_settings)
+            seconds = time.perf_counter() - start
+            continuations = sum(len(row["rollout_scores"]) for row in labelled)
+            by_prefix = {}
+            for row in labelled:
+                by_prefix.setdefault(row["prefix_id"], set()).add(row["label"])
+            varied = sum(len(values) > 1 for values in by_prefix.values())
+            total = sibling_seconds + seconds
+            first.setdefault(use_store, total)
+            print(f"{m:>2} {len(rows):>10} {sibling_seconds:>10.1f} {'on' if use_store else 'off':>5} "
+                  f"{continuations:>6} {seconds:>9.1f} {continuations / seconds:>8.2f} {total / len(states):>8.2f} "
+                  f"{total / first[use_store]:>6.2f} {varied:>10} of {len(by_prefix)}")
+        policy.decoder.prefix_store = store
+    print("s/state: sibling sampling + labels per state; x M=1: that cost relative to M=1 (same store setting)")
+
+
+if __name__ == "__main__":
+    main()
