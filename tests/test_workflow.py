@@ -161,8 +161,8 @@ def test_eval_modes_and_summary(completed_run):
         assert summary["modes"][mode]["results"]["overall"]["episodes"] == len(rows)
     # the PRM's held-out global and within-prefix metrics, for it and every baseline
     prm_metrics = json.loads((results / "prm/metrics.json").read_text())
-    assert summary["prm"] == evaluation.prm_summary(prm_metrics) and summary["prm"]["ranking"]["prefixes"] > 0
-    assert set(summary["prm"]["ranking"]["scorers"]) == set(evaluation.RANKING_SCORERS)
+    assert summary["prm"] == evaluate.prm_summary(prm_metrics) and summary["prm"]["ranking"]["prefixes"] > 0
+    assert set(summary["prm"]["ranking"]["scorers"]) == set(evaluate.RANKING_SCORERS)
 
 
 def test_report_figures_show_their_inputs(completed_run):
