@@ -5,7 +5,9 @@
 MERGED_ADAPTERS = {
     "sft": ("results/sft/adapter", "causal-lm"),
     "prm": ("results/prm/adapter", "seq-cls"),
-    "rl": ("results/rl/adapter", "causal-lm"),
+    # the RL policy of each algorithm of rl.algorithms: rl_grpo, rl_prime
+    **{f"rl_{algorithm}": (f"results/rl/{algorithm}/adapter", "causal-lm")
+       for algorithm in config["rl"]["algorithms"]},
 }
 
 

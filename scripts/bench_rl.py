@@ -83,13 +83,13 @@ class HFOneAtATime:
 
 def bench_rollouts(args, adapter: str) -> None:
     from clemprm.catalog import GameCatalog
-    from clemprm.config import load_config
+    from clemprm.config import load_config, rl_params
     from clemprm.engine import RolloutEngine, derive_seed
     from clemprm.rl.trainer import RLTrainer, instance_schedule, load_training_model
 
     config = load_config(overrides={"model": {"threads": args.threads},
                                     "rl": {"group_size": args.group_size, "instances_per_step": args.instances}})
-    settings = {name: config[name] for name in ("seed", "model", "games", "rl")}
+    settings = rl_params(config, "grpo")
     catalog = GameCatalog(config["games"])
     instances = instance_schedule(catalog.all_instances("train"), args.instances * len(catalog.games), 1,
                                   config["seed"])[0]

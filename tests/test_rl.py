@@ -12,7 +12,7 @@ import torch
 
 from clemprm import evaluation, records, sft
 from clemprm.catalog import GameCatalog, Instance
-from clemprm.config import eval_mode_params
+from clemprm.config import eval_mode_params, rl_params
 from clemprm.engine import RolloutEngine, Sampling
 from clemprm.models import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, prime, trainer
@@ -26,9 +26,9 @@ FORCED = Instance("guessnumber", "train", {"name": "forced", "parse_mode": "leni
                                            "max_guesses": 1}, {"game_id": 0, "target": 1})
 
 
-def rl_settings(**rl) -> dict:
-    config = tiny_config(rl=rl)
-    return {name: config[name] for name in ("seed", "model", "games", "rl")}
+def rl_settings(algorithm: str = "grpo", **rl) -> dict:
+    """The settings of one algorithm's ``rl_adapter`` job (its params) on the tiny config."""
+    return rl_params(tiny_config(rl=rl), algorithm)
 
 
 def random_adapter(path, seed: int, test_cache_dir: str, dropout: float = 0.0) -> str:
@@ -320,12 +320,12 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
     untrained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(untrained_rl), half_and_half_sft, beta=0.05,
                                   cache_dir=test_cache_dir)
     assert untrained.score(pairs) == [0.0, 0.0]
-    with pytest.raises(FileNotFoundError, match="rl.algorithm: prime"):
+    with pytest.raises(FileNotFoundError, match="prime in rl.algorithms"):
         load_implicit_prm({"spec": "tiny:0"}, str(tmp_path), half_and_half_sft, beta=0.05, cache_dir=test_cache_dir)
     # ... and as the scorer of the eval mode best_of_n_implicit (the rule's params: the mode's eval keys + rl)
     config = tiny_config(games={"max_instances": {"train": 1, "validation": 1, "test": 1}},
                          eval={"n": 2, "max_new_tokens": 8})
-    mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": config["rl"]}
+    mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": rl_params(config, "prime")["rl"]}
     rows = evaluation.evaluate_mode("best_of_n_implicit", mode_settings, str(tmp_path / "implicit.parquet"),
                                     test_cache_dir, sft_adapter=half_and_half_sft, rl_adapter=str(tmp_path / "rl"))
     assert len(rows) == 3 and all(row["search_nodes"] == 2 * row["n_turns"] for row in rows)

@@ -283,7 +283,8 @@ def train_rl(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: s
              cache_dir: str | None = None) -> dict:
     """The ``rl_adapter`` stage: RL of the SFT policy on the train split of every configured game; writes the
     policy adapter (and, for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
-    ``settings`` is the rule's params: seed, model, games, rl."""
+    ``settings`` is the rule's params (:func:`clemprm.config.rl_params`): seed, model, games, rl, where
+    ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``)."""
     from clemprm.models import resolve_quantization
     from clemprm.sft import finish_metrics
 
