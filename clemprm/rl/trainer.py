@@ -208,7 +208,8 @@ class RLTrainer:
             prm = ImplicitPRM(self.model, prime["beta"], compute_dtype=self.compute_dtype)
             optimizer = make_optimizer(prm.parameters(), self.rl, prime["lr"], self.device)
             return PRIME(prm, optimizer, make_scheduler(optimizer, self.rl),
-                         std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"])
+                         std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"],
+                         accuracy_filter=prime["accuracy_filter"])
         raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
     def rollouts(self, instances: list[Instance], step: int) -> list[Group]:
@@ -223,7 +224,9 @@ class RLTrainer:
         """The objective's advantages, then one policy update on ``groups``; the update's statistics."""
         self.model.train()
         objective_stats = self.objective.assign(self, groups)
-        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
+        # turns left without advantages (PRIME's filtered groups) are out of the step, also of its normaliser
+        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns
+                 if turn.advantages is not None]
         normaliser = step_normaliser(turns, self.rl["length_normalisation"], self.rl["max_new_tokens"])
         stats = accumulate_policy_gradients(self.model, turns, kl_beta=self.rl["kl_beta"], normaliser=normaliser,
                                             compute_dtype=self.compute_dtype)
