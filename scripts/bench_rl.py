@@ -4,7 +4,7 @@
    temperature 0.7): the trainer's lockstep collection (:func:`clemprm.rl.rollouts.collect_groups`: one generate
    call per engine step for every waiting episode) against one episode at a time with plain HF ``generate`` at
    batch 1 (how the SCoRe card's trainer collects), both through the same games and the same adapter-carrying
-   model. Prints episodes/s of each and the ratio.
+   model. Prints episodes/s of each and the ratio; ``--profile``: also a cProfile of the lockstep collection.
 2. Peak memory of one policy update against episode length: episodes of T turns (each turn a fixed-length prompt
    and answer, so only the number of turns grows), the trainer's per-turn backward against one combined backward
    of the whole episode; each case in a fresh process (peak RSS above the high-water mark of a warm-up update).
@@ -16,15 +16,17 @@
    success of both.
 
     python scripts/bench_rl.py [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
-                               [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory]
+                               [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory] [--profile]
     python scripts/bench_rl.py --sizing results/sft/adapter --setting '{"algorithm": "grpo", "steps": 4}' ...
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -95,9 +97,16 @@ def bench_rollouts(args, adapter: str) -> None:
                                   config["seed"])[0]
     cfg, tokenizer, model = load_training_model(config["model"], adapter, None, implicit_prm=False)
     trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
+    profile = cProfile.Profile() if args.profile else None
     start = time.perf_counter()
+    if profile:
+        profile.enable()
     groups = trainer.rollouts(instances, step=0)
     lockstep_seconds = time.perf_counter() - start
+    if profile:   # where the lockstep time goes: forwards (prefill: _prefill, decode: the rest of _decode) or not
+        profile.disable()
+        print(json.dumps({"generation": trainer.policy.stats.as_dict()}), flush=True)
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
     lockstep_episodes = sum(len(group.rows) for group in groups)
     lockstep_tokens = sum(len(t.completion_ids) for g in groups for s in g.sequences for t in s.turns)
 
@@ -237,6 +246,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--skip-rollouts", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="cProfile the lockstep collection (1.)")
     parser.add_argument("--sizing", metavar="SFT_ADAPTER", help="measure whether RL changes greedy play (3.)")
     parser.add_argument("--setting", action="append", default=[], help="--sizing: a JSON object of rl keys")
     parser.add_argument("--memory-case", nargs=2, metavar=("TURNS", "MODE"), help=argparse.SUPPRESS)
