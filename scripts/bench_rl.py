@@ -13,7 +13,7 @@
    (a JSON object of ``rl`` keys, ``algorithm`` among them) the RL stage (:func:`clemprm.rl.trainer.train_rl`) and
    greedy play of its adapter: RL seconds, per-step reward spread (groups whose rewards are all equal, advantage
    statistics), and the greedy episodes whose answers differ from the SFT policy's, with % played, quality and
-   success of both.
+   success of both and their paired differences with bootstrap CIs (value, low, high; as in ``prm_eval.json``).
 
     python scripts/bench_rl.py [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
                                [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory] [--profile]
@@ -199,6 +199,19 @@ def answers(row: dict) -> list[str]:
     return [turn["response"] for turn in row["turns"]]
 
 
+def paired_difference(rows: list[dict], baseline: list[dict], config: dict) -> dict:
+    """``rows`` minus ``baseline`` per game and overall with paired bootstrap CIs (as prm_eval.json's differences)."""
+    from clemprm.evaluation import difference, instance_table
+
+    result = difference(instance_table(rows), instance_table(baseline), config["eval"]["bootstrap_samples"],
+                        config["seed"], config["eval"]["ci"])
+    def rounded(value):
+        return None if value is None else round(value, 1)
+    return {group: {metric: [rounded(estimate[key]) for key in ("value", "ci_low", "ci_high")]
+                    for metric, estimate in metrics.items() if metric != "instances"}
+            for group, metrics in result.items()}
+
+
 def bench_sizing(args) -> None:
     from clemprm.config import load_config
     from clemprm.rl.trainer import train_rl
@@ -233,6 +246,7 @@ def bench_sizing(args) -> None:
                           "groups_with_equal_rewards": f"{sum(h.get('zero_advantage_groups', 0) for h in history)}"
                                                        f"/{groups}",
                           "greedy_rl": play_summary(rows), "greedy_sft": play_summary(sft_rows),
+                          "greedy_rl_minus_greedy_sft": paired_difference(rows, sft_rows, config),
                           "episodes_changed": sum(answers(row) != sft_answers[row["episode_id"]] for row in rows),
                           "turns": sum(len(answers(row)) for row in rows)}), flush=True)
 
