@@ -32,8 +32,40 @@ def _schema() -> dict:
     return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
+# Keys of earlier versions, by dotted name: what replaced them (a user's old config fails naming both).
+RENAMED_KEYS = {"rl.algorithm": "rl.algorithms, a list of the RL algorithms trained side by side, e.g. "
+                                "[grpo, prime] (each trains results/rl/<algorithm>/, eval mode greedy_rl_<algorithm>)"}
+
+
+def renamed_key_problem(config: dict) -> str | None:
+    """The first key of :data:`RENAMED_KEYS` that ``config`` still sets, with its replacement; None if none."""
+    for dotted, replacement in RENAMED_KEYS.items():
+        *parents, key = dotted.split(".")
+        section = config
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key in section:
+            return f"config key '{dotted}' was replaced by {replacement}"
+    return None
+
+
+def cross_key_problem(config: dict) -> str | None:
+    """An eval mode that plays an RL policy whose algorithm ``rl.algorithms`` does not train; None if none."""
+    algorithms = config["rl"]["algorithms"]
+    for mode in config["eval"]["modes"]:
+        needed = mode.removeprefix("greedy_rl_") if mode.startswith("greedy_rl_") else (
+            "prime" if mode == "best_of_n_implicit" else None)
+        if needed is not None and needed not in algorithms:
+            return (f"config key 'eval.modes': {mode} plays the {needed} policy, but 'rl.algorithms' "
+                    f"({', '.join(algorithms)}) does not train it: add {needed} to rl.algorithms or drop the mode")
+    return None
+
+
 def validate_config(config: dict) -> dict:
     """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged."""
+    renamed = renamed_key_problem(config)
+    if renamed:
+        raise ConfigError(renamed)
     validator = jsonschema.Draft202012Validator(_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
@@ -45,6 +77,9 @@ def validate_config(config: dict) -> dict:
             raise ConfigError(f"config key '{key}': unknown key (allowed: "
                               f"{', '.join(sorted(first.schema.get('properties', {})))})")
         raise ConfigError(f"config key '{key}': {first.message}")
+    cross = cross_key_problem(config)
+    if cross:
+        raise ConfigError(cross)
     return config
 
 
@@ -87,7 +122,8 @@ def sections(config: dict, *names: str) -> dict:
 # for the PRM modes, prm): changing eval.bootstrap_samples reruns the summary alone, eval.beam_width beam_search.
 _EVAL_PLAY = ("split", "episodes_per_instance", "max_new_tokens")
 _EVAL_SAMPLING = ("n", "temperature", "top_p")
-EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY, "greedy_rl": _EVAL_PLAY,
+EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY,
+                  "greedy_rl_grpo": _EVAL_PLAY, "greedy_rl_prime": _EVAL_PLAY,   # the RL policy of each algorithm
                   "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
                   "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING, "best_of_n_implicit": _EVAL_PLAY + _EVAL_SAMPLING,
                   "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation"),
@@ -103,6 +139,17 @@ def eval_mode_params(config: dict, mode: str) -> dict:
     params = sections(config, "seed", "model", "games", *(["prm"] if mode in EVAL_PRM_MODES else []))
     params["eval"] = {key: config["eval"][key] for key in EVAL_MODE_KEYS[mode]}
     return sorted_dict(params)
+
+
+def rl_params(config: dict, algorithm: str) -> dict:
+    """The ``rl_adapter`` job of one algorithm of ``rl.algorithms``: its ``params`` (rerun trigger) and the settings
+    :func:`clemprm.rl.trainer.train_rl` reads. seed, model, games and the rl section with ``algorithm`` in place of
+    the list, and the ``prime`` keys only for PRIME: adding an algorithm to the list, or a PRIME setting, reruns no
+    other algorithm's stage."""
+    rl = {key: value for key, value in config["rl"].items()
+          if key != "algorithms" and (key != "prime" or algorithm == "prime")}
+    return sorted_dict({"seed": config["seed"], "model": config["model"], "games": config["games"],
+                        "rl": {**rl, "algorithm": algorithm}})
 
 
 def package_versions() -> dict[str, str]:

@@ -43,18 +43,22 @@ rule greedy_sft:
         "../workflow_scripts/eval_mode.py"
 
 
+# the RL policy of each algorithm of rl.algorithms: eval modes greedy_rl_grpo, greedy_rl_prime
 rule greedy_rl:
     input:
         instance_list=lambda wc: config["games"]["instance_list"] or [],
-        rl_adapter="results/rl/adapter",
+        rl_adapter="results/rl/{algorithm}/adapter",
     output:
-        "results/eval/greedy_rl.parquet",
+        "results/eval/greedy_rl_{algorithm}.parquet",
+    wildcard_constraints:
+        algorithm="|".join(config["rl"]["algorithms"]),
     params:
-        settings=eval_mode_params(config, "greedy_rl"),
+        settings=lambda wc: eval_mode_params(config, f"greedy_rl_{wc.algorithm}"),
+        mode=lambda wc: f"greedy_rl_{wc.algorithm}",
     log:
-        "results/logs/greedy_rl.log",
+        "results/logs/greedy_rl/{algorithm}.log",
     benchmark:
-        "results/benchmarks/greedy_rl.tsv"
+        "results/benchmarks/greedy_rl/{algorithm}.tsv"
     threads: max(1, config["model"]["threads"])
     conda:
         "../envs/clemprm.yaml"
@@ -62,16 +66,17 @@ rule greedy_rl:
         "../workflow_scripts/eval_mode.py"
 
 
-# PRIME's implicit PRM (rl.algorithm: prime; results/rl/adapter/prm) ranking best-of-N candidates (not a default mode)
+# PRIME's implicit PRM (results/rl/prime/adapter/prm; needs prime in rl.algorithms) ranking best-of-N candidates
+# (not a default mode)
 rule best_of_n_implicit:
     input:
         instance_list=lambda wc: config["games"]["instance_list"] or [],
         sft_adapter="results/sft/adapter",
-        rl_adapter="results/rl/adapter",
+        rl_adapter="results/rl/prime/adapter",
     output:
         "results/eval/best_of_n_implicit.parquet",
     params:
-        settings={**eval_mode_params(config, "best_of_n_implicit"), **sections(config, "rl")},
+        settings={**eval_mode_params(config, "best_of_n_implicit"), "rl": rl_params(config, "prime")["rl"]},
     log:
         "results/logs/best_of_n_implicit.log",
     benchmark:

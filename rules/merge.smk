@@ -5,7 +5,9 @@
 MERGED_ADAPTERS = {
     "sft": ("results/sft/adapter", "causal-lm"),
     "prm": ("results/prm/adapter", "seq-cls"),
-    "rl": ("results/rl/adapter", "causal-lm"),
+    # the RL policy of each algorithm of rl.algorithms: rl_grpo, rl_prime
+    **{f"rl_{algorithm}": (f"results/rl/{algorithm}/adapter", "causal-lm")
+       for algorithm in config["rl"]["algorithms"]},
 }
 
 
@@ -13,7 +15,7 @@ def merge_inputs(wildcards):
     """The adapter and the records its verification examples come from (the SFT data, the RL prompt set, or the
     PRM's soft labels)."""
     adapter, task = MERGED_ADAPTERS[wildcards.name]
-    if wildcards.name == "rl" and config["rl"]["data"] == "states":
+    if wildcards.name.startswith("rl_") and config["rl"]["data"] == "states":
         return {"adapter": adapter, "data": RL_STATES}   # trained on the prompt set (rules/rl.smk): its states
     if task == "causal-lm":
         # the SFT stage's extra data is part of its validation split: an input file when set

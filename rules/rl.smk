@@ -1,5 +1,6 @@
-# Stage 3b: online RL (GRPO or PRIME, rl.algorithm) of the SFT policy on the train split -> a PEFT adapter folder (for
-# PRIME with the implicit PRM in its prm/ sub-folder) and per-step metrics; eval mode greedy_rl plays it.
+# Stage 3b: online RL of the SFT policy on the train split, one job per algorithm of rl.algorithms (grpo, prime),
+# side by side -> results/rl/<algorithm>/adapter/ (a PEFT adapter folder; PRIME's implicit PRM in its prm/
+# sub-folder) and results/rl/<algorithm>/metrics.json (per-step metrics); eval mode greedy_rl_<algorithm> plays it.
 from clemprm.config import sorted_dict
 
 RL_STATES = "results/states/states.parquet"
@@ -13,14 +14,17 @@ rule rl_adapter:
         sft_adapter=lambda wc: [] if config["rl"]["lora"] is not None else "results/sft/adapter",
         states=lambda wc: RL_STATES if config["rl"]["data"] == "states" else [],
     output:
-        adapter=directory("results/rl/adapter"),
-        metrics="results/rl/metrics.json",
+        adapter=directory("results/rl/{algorithm}/adapter"),
+        metrics="results/rl/{algorithm}/metrics.json",
+    wildcard_constraints:
+        algorithm="|".join(config["rl"]["algorithms"]),
     params:
-        settings=sections(config, "seed", "model", "games", "rl"),
+        # the rl section with this job's algorithm (rl.prime only for prime): a PRIME setting reruns PRIME alone
+        settings=lambda wc: rl_params(config, wc.algorithm),
     log:
-        "results/logs/rl_adapter.log",
+        "results/logs/rl_adapter/{algorithm}.log",
     benchmark:
-        "results/benchmarks/rl_adapter.tsv"
+        "results/benchmarks/rl_adapter/{algorithm}.tsv"
     threads: max(1, config["model"]["threads"])
     conda:
         "../envs/clemprm.yaml"

@@ -1,8 +1,8 @@
 """hanabi RL figures: SmolLM2 base vs the RL-trained policy of configs/hanabi.yaml, side by side, and the RL run's
 reward curves.
 
-    snakemake -c2 --configfile configs/hanabi.yaml -- results/merged/rl     # the RL stage, merged and verified
-    python scripts/bench_hanabi_rl.py [--trained results/merged/rl] [--metrics results/rl/metrics.json]
+    snakemake -c2 --configfile configs/hanabi.yaml -- results/merged/rl_grpo     # the RL stage, merged and verified
+    python scripts/bench_hanabi_rl.py [--trained results/merged/rl_grpo] [--metrics results/rl/grpo/metrics.json]
 
 Both policies answer the same validation states (the rule-based player's self-play on the validation split, the
 prompt set the RL stage trains on, but of held-out deck orders; ``--max-per-episode`` states per game) ``--samples``
@@ -110,8 +110,8 @@ def print_curves(metrics_path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/hanabi.yaml")
-    parser.add_argument("--trained", default="results/merged/rl", help="the merged RL checkpoint (a model folder)")
-    parser.add_argument("--metrics", default="results/rl/metrics.json")
+    parser.add_argument("--trained", default="results/merged/rl_grpo", help="the merged RL checkpoint (a model folder)")
+    parser.add_argument("--metrics", default="results/rl/grpo/metrics.json")
     parser.add_argument("--max-per-episode", type=int, default=2, help="validation states per game")
     parser.add_argument("--samples", type=int, default=2, help="answers per state and policy")
     parser.add_argument("--threads", type=int, default=1)

@@ -4,20 +4,29 @@
    temperature 0.7): the trainer's lockstep collection (:func:`clemprm.rl.rollouts.collect_groups`: one generate
    call per engine step for every waiting episode) against one episode at a time with plain HF ``generate`` at
    batch 1 (how the SCoRe card's trainer collects), both through the same games and the same adapter-carrying
-   model. Prints episodes/s of each and the ratio.
+   model. Prints episodes/s of each and the ratio; ``--profile``: also a cProfile of the lockstep collection.
 2. Peak memory of one policy update against episode length: episodes of T turns (each turn a fixed-length prompt
    and answer, so only the number of turns grows), the trainer's per-turn backward against one combined backward
    of the whole episode; each case in a fresh process (peak RSS above the high-water mark of a warm-up update).
+3. ``--sizing ADAPTER``: is the RL stage big enough to change play? From an SFT adapter of the embedded default
+   (e.g. a run's ``results/sft/adapter``), greedy play of the SFT policy on the eval split, then per ``--setting``
+   (a JSON object of ``rl`` keys, ``algorithm`` among them) the RL stage (:func:`clemprm.rl.trainer.train_rl`) and
+   greedy play of its adapter: RL seconds, per-step reward spread (groups whose rewards are all equal, advantage
+   statistics), and the greedy episodes whose answers differ from the SFT policy's, with % played, quality and
+   success of both and their paired differences with bootstrap CIs (value, low, high; as in ``prm_eval.json``).
 
     python scripts/bench_rl.py [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
-                               [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory]
+                               [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory] [--profile]
+    python scripts/bench_rl.py --sizing results/sft/adapter --setting '{"algorithm": "grpo", "steps": 4}' ...
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -76,21 +85,28 @@ class HFOneAtATime:
 
 def bench_rollouts(args, adapter: str) -> None:
     from clemprm.play.catalog import GameCatalog
-    from clemprm.config import load_config
+    from clemprm.config import load_config, rl_params
     from clemprm.play.engine import RolloutEngine, derive_seed
     from clemprm.rl.trainer import RLTrainer, instance_schedule, load_training_model
 
     config = load_config(overrides={"model": {"threads": args.threads},
                                     "rl": {"group_size": args.group_size, "instances_per_step": args.instances}})
-    settings = {name: config[name] for name in ("seed", "model", "games", "rl")}
+    settings = rl_params(config, "grpo")
     catalog = GameCatalog(config["games"])
     instances = instance_schedule(catalog.all_instances("train"), args.instances * len(catalog.games), 1,
                                   config["seed"])[0]
     cfg, tokenizer, model = load_training_model(config["model"], adapter, None, implicit_prm=False)
     trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
+    profile = cProfile.Profile() if args.profile else None
     start = time.perf_counter()
+    if profile:
+        profile.enable()
     groups = trainer.rollouts(instances, step=0)
     lockstep_seconds = time.perf_counter() - start
+    if profile:   # where the lockstep time goes: forwards (prefill: _prefill, decode: the rest of _decode) or not
+        profile.disable()
+        print(json.dumps({"generation": trainer.policy.stats.as_dict()}), flush=True)
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
     lockstep_episodes = sum(len(group.rows) for group in groups)
     lockstep_tokens = sum(len(t.completion_ids) for g in groups for s in g.sequences for t in s.turns)
 
@@ -164,6 +180,77 @@ def bench_memory(args, adapter: str) -> None:
     print(json.dumps({"memory": rows}, indent=1))
 
 
+def greedy_play(config: dict, adapter: str, output: str) -> list[dict]:
+    """The policy ``model`` + ``adapter`` played greedily on the eval split (the greedy eval modes' episodes)."""
+    from clemprm.config import eval_mode_params
+    from clemprm.evaluation.evaluate import evaluate_mode
+
+    return evaluate_mode("greedy_sft", eval_mode_params(config, "greedy_sft"), output, sft_adapter=adapter)
+
+
+def play_summary(rows: list[dict]) -> dict:
+    played = [row for row in rows if not row["aborted"]]
+    return {"episodes": len(rows), "percent_played": round(100 * len(played) / max(1, len(rows)), 1),
+            "quality": round(sum(row["bench_score"] for row in played) / len(played), 2) if played else None,
+            "success_rate": round(100 * sum(bool(row["success"]) for row in rows) / max(1, len(rows)), 1)}
+
+
+def answers(row: dict) -> list[str]:
+    return [turn["response"] for turn in row["turns"]]
+
+
+def paired_difference(rows: list[dict], baseline: list[dict], config: dict) -> dict:
+    """``rows`` minus ``baseline`` per game and overall with paired bootstrap CIs (as prm_eval.json's differences)."""
+    from clemprm.evaluation.evaluate import difference, instance_table
+
+    result = difference(instance_table(rows), instance_table(baseline), config["eval"]["bootstrap_samples"],
+                        config["seed"], config["eval"]["ci"])
+    def rounded(value):
+        return None if value is None else round(value, 1)
+    return {group: {metric: [rounded(estimate[key]) for key in ("value", "ci_low", "ci_high")]
+                    for metric, estimate in metrics.items() if metric != "instances"}
+            for group, metrics in result.items()}
+
+
+def bench_sizing(args) -> None:
+    from clemprm.config import load_config
+    from clemprm.rl.trainer import train_rl
+
+    config = load_config(overrides={"model": {"threads": args.threads}})
+    folder = tempfile.mkdtemp(prefix="clemprm-bench-rl-sizing-")
+    start = time.perf_counter()
+    sft_rows = greedy_play(config, args.sizing, os.path.join(folder, "greedy_sft.parquet"))
+    print(json.dumps({"greedy_sft": {**play_summary(sft_rows), "seconds": round(time.perf_counter() - start, 1)}}),
+          flush=True)
+    sft_answers = {row["episode_id"]: answers(row) for row in sft_rows}
+    base_rl = {key: value for key, value in config["rl"].items() if key not in ("algorithm", "algorithms")}
+    for index, setting in enumerate(args.setting):
+        rl = {**base_rl, **json.loads(setting)}
+        settings = {"seed": config["seed"], "model": config["model"], "games": config["games"], "rl": rl}
+        out = os.path.join(folder, str(index))
+        start = time.perf_counter()
+        metrics = train_rl(settings, args.sizing, os.path.join(out, "adapter"), os.path.join(out, "metrics.json"))
+        rl_seconds = time.perf_counter() - start
+        rows = greedy_play(config, os.path.join(out, "adapter"), os.path.join(out, "greedy_rl.parquet"))
+        history = metrics["history"]
+        groups = len(history[0]["instances"]) * len(history)
+        print(json.dumps({"setting": json.loads(setting), "rl_seconds": round(rl_seconds, 1),
+                          "steps": [{"reward": {k: round(v, 3) for k, v in h["reward"].items()},
+                                     "success_rate": round(h["success_rate"], 1),
+                                     "percent_played": round(h["percent_played"], 1),
+                                     "zero_advantage_groups": h.get("zero_advantage_groups"),
+                                     "outcome_advantage": h["outcome_advantage"],
+                                     "trained_turns": h["trained_turns"], "policy_turns": h["policy_turns"],
+                                     "grad_norm": round(h["grad_norm"], 4), "kl": h["kl"],
+                                     "seconds": h["seconds"]} for h in history],
+                          "groups_with_equal_rewards": f"{sum(h.get('zero_advantage_groups', 0) for h in history)}"
+                                                       f"/{groups}",
+                          "greedy_rl": play_summary(rows), "greedy_sft": play_summary(sft_rows),
+                          "greedy_rl_minus_greedy_sft": paired_difference(rows, sft_rows, config),
+                          "episodes_changed": sum(answers(row) != sft_answers[row["episode_id"]] for row in rows),
+                          "turns": sum(len(answers(row)) for row in rows)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=2, help="train instances per game")
@@ -173,6 +260,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--skip-rollouts", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="cProfile the lockstep collection (1.)")
+    parser.add_argument("--sizing", metavar="SFT_ADAPTER", help="measure whether RL changes greedy play (3.)")
+    parser.add_argument("--setting", action="append", default=[], help="--sizing: a JSON object of rl keys")
     parser.add_argument("--memory-case", nargs=2, metavar=("TURNS", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--adapter", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -180,6 +270,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if args.memory_case:
         print(json.dumps(memory_case(args.adapter, int(args.memory_case[0]), args.memory_case[1], args.threads)))
+        return
+    if args.sizing:
+        print("shared machine: figures are pessimistic when other processes compete for the cores", flush=True)
+        bench_sizing(args)
         return
     folder = os.path.join(tempfile.gettempdir(), "clemprm-bench-rl")
     os.makedirs(folder, exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clemprm.config import EVAL_MODE_KEYS, ConfigError, eval_mode_params, load_config, provenance, sections
+from clemprm.config import EVAL_MODE_KEYS, ConfigError, eval_mode_params, load_config, provenance, rl_params, sections
 
 
 def test_default_config_is_valid():
@@ -52,3 +52,25 @@ def test_eval_mode_params_hold_only_what_the_mode_plays_by():
     sampled = load_config(overrides={"eval": {"temperature": 0.3}})
     assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(sampled, mode) != params[mode]} == \
         {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit", "best_of_n_logprob", "beam_search_logprob"}
+
+
+def test_the_old_rl_algorithm_key_fails_naming_its_replacement():
+    with pytest.raises(ConfigError, match=r"'rl.algorithm' was replaced by rl.algorithms, a list"):
+        load_config(overrides={"rl": {"algorithm": "prime"}})
+
+
+@pytest.mark.parametrize("mode, algorithms", [("greedy_rl_prime", ["grpo"]), ("greedy_rl_grpo", ["prime"]),
+                                              ("best_of_n_implicit", ["grpo"])])
+def test_an_rl_eval_mode_needs_its_algorithm_trained(mode, algorithms):
+    with pytest.raises(ConfigError, match=f"'eval.modes': {mode} plays the .* 'rl.algorithms'"):
+        load_config(overrides={"rl": {"algorithms": algorithms}, "eval": {"modes": ["greedy_sft", mode]}})
+    load_config(overrides={"rl": {"algorithms": algorithms}, "eval": {"modes": ["greedy_sft"]}})
+
+
+def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():
+    config = load_config()
+    grpo, prime = rl_params(config, "grpo"), rl_params(config, "prime")
+    assert set(grpo) == {"seed", "model", "games", "rl"} and grpo["rl"]["algorithm"] == "grpo"
+    assert "algorithms" not in grpo["rl"] and "prime" not in grpo["rl"] and prime["rl"]["prime"] == config["rl"]["prime"]
+    changed = load_config(overrides={"rl": {"prime": {"lr": 1e-3}, "algorithms": ["prime", "grpo"]}})
+    assert rl_params(changed, "grpo") == grpo and rl_params(changed, "prime") != prime

@@ -14,7 +14,7 @@ from clemprm import records
 from clemprm.evaluation import evaluate
 from clemprm.stages import sft
 from clemprm.play.catalog import GameCatalog, Instance
-from clemprm.config import eval_mode_params
+from clemprm.config import eval_mode_params, rl_params
 from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, prime, trainer
@@ -28,9 +28,9 @@ FORCED = Instance("guessnumber", "train", {"name": "forced", "parse_mode": "leni
                                            "max_guesses": 1}, {"game_id": 0, "target": 1})
 
 
-def rl_settings(**rl) -> dict:
-    config = tiny_config(rl=rl)
-    return {name: config[name] for name in ("seed", "model", "games", "rl")}
+def rl_settings(algorithm: str = "grpo", **rl) -> dict:
+    """The settings of one algorithm's ``rl_adapter`` job (its params) on the tiny config."""
+    return rl_params(tiny_config(rl=rl), algorithm)
 
 
 def random_adapter(path, seed: int, test_cache_dir: str, dropout: float = 0.0) -> str:
@@ -212,6 +212,52 @@ def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir)
     assert stats["accuracy"] == 1.0
 
 
+def test_prime_skips_groups_outside_the_accuracy_filter(adapters, test_cache_dir):
+    """Groups won by 0 of 4, 2 of 4 and 4 of 4 episodes: with [0.2, 0.8] only the second one updates the implicit PRM
+    and gets advantages (the others' turns are out of the step); off (null), all three; all filtered, nothing moves."""
+    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                                      implicit_prm=True)
+    model.train()
+    prompt = tokens(tokenizer, "Guess a number from 1 to 2.")
+
+    def groups() -> list[Group]:
+        made = []
+        for wins in (0, 2, 4):
+            rows = [{"episode_id": f"w{wins}/{i}", "success": i < wins} for i in range(4)]
+            sequences = [Sequence(row["episode_id"], "Player 1",
+                                  [Turn(prompt, tokens(tokenizer, f"GUESS: {1 + i % 2}<|im_end|>"))],
+                                  reward=float(row["success"]), success=row["success"])
+                         for i, row in enumerate(rows)]
+            made.append(Group(FORCED, rows, sequences))
+        return made
+
+    def run(accuracy_filter, made):
+        implicit = prime.ImplicitPRM(model, beta=0.5)
+        optimizer = torch.optim.AdamW(implicit.parameters(), lr=1e-2)
+        objective = prime.PRIME(implicit, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+                                std_threshold=0.01, max_grad_norm=1.0, accuracy_filter=accuracy_filter)
+        before = [param.detach().clone() for param in implicit.parameters()]
+        stats = objective.assign(None, made)
+        moved = any(not torch.equal(a, param) for a, param in zip(before, implicit.parameters()))
+        return stats, moved
+
+    made = groups()
+    stats, moved = run([0.2, 0.8], made)
+    assert stats["filtered_groups"] == 2 and stats["group_accuracy"] == [0.0, 0.5, 1.0]
+    assert stats["implicit_prm"]["sequences"] == 4 and moved
+    trained = [[turn.advantages is not None for s in group.sequences for turn in s.turns] for group in made]
+    assert trained == [[False] * 4, [True] * 4, [False] * 4]
+    assert any(turn.trained for s in made[1].sequences for turn in s.turns)
+    stats, _ = run(None, made := groups())
+    assert stats["filtered_groups"] == 0 and stats["implicit_prm"]["sequences"] == 12
+    assert all(turn.advantages is not None for group in made for s in group.sequences for turn in s.turns)
+    stats, moved = run([0.6, 0.7], made := groups())
+    assert stats["filtered_groups"] == 3 and stats["implicit_prm"]["bce"] is None and not moved
+    assert all(turn.advantages is None for group in made for s in group.sequences for turn in s.turns)
+    with pytest.raises(ValueError, match="rl.prime.accuracy_filter"):
+        run([0.8, 0.2], groups())
+
+
 def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters, test_cache_dir):
     _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
                                                       implicit_prm=False)
@@ -262,7 +308,8 @@ def half_and_half_sft(tmp_path_factory, forced_prompt, test_cache_dir):
 def test_rl_steps_raise_the_winning_answers_probability(algorithm, half_and_half_sft, forced_prompt,
                                                          test_cache_dir):
     settings = rl_settings(algorithm=algorithm, steps=4, group_size=8, instances_per_step=2, temperature=1.0,
-                           lr=2e-2, warmup_ratio=0.0, max_new_tokens=8, prime={"lr": 1e-2})
+                           lr=2e-2, warmup_ratio=0.0, max_new_tokens=8,
+                           prime={"lr": 1e-2, "accuracy_filter": None})   # won groups stay in (tested apart)
     cfg, tokenizer, model = trainer.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
                                                         implicit_prm=algorithm == "prime")
     rl = trainer.RLTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
@@ -294,7 +341,9 @@ def test_rl_steps_raise_the_winning_answers_probability(algorithm, half_and_half
 def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_dir, tmp_path):
     from peft import PeftModel
 
-    settings = rl_settings(algorithm="prime", steps=2, group_size=2, instances_per_step=2, max_new_tokens=8)
+    # the tiny model never wins: with the accuracy filter every group would be left out and the PRM stay untrained
+    settings = rl_settings(algorithm="prime", steps=2, group_size=2, instances_per_step=2, max_new_tokens=8,
+                           prime={"accuracy_filter": None})
     metrics = trainer.train_rl(settings, half_and_half_sft, str(tmp_path / "rl"), str(tmp_path / "metrics.json"),
                                test_cache_dir)
     written = json.loads((tmp_path / "metrics.json").read_text())
@@ -302,7 +351,7 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
     assert written["config"]["rl"]["algorithm"] == "prime" and "peft" in written["versions"]
     step = written["history"][0]
     for key in ("reward", "success_rate", "percent_played", "advantage", "kl", "implicit_prm", "grad_norm",
-                "tokens", "seconds"):
+                "tokens", "seconds", "filtered_groups", "group_accuracy", "zero_advantage_groups"):
         assert key in step
     assert {"bce", "accuracy"} <= set(step["implicit_prm"])
     for folder in (tmp_path / "rl", tmp_path / "rl" / "prm"):
@@ -322,12 +371,12 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
     untrained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(untrained_rl), half_and_half_sft, beta=0.05,
                                   cache_dir=test_cache_dir)
     assert untrained.score(pairs) == [0.0, 0.0]
-    with pytest.raises(FileNotFoundError, match="rl.algorithm: prime"):
+    with pytest.raises(FileNotFoundError, match="prime in rl.algorithms"):
         load_implicit_prm({"spec": "tiny:0"}, str(tmp_path), half_and_half_sft, beta=0.05, cache_dir=test_cache_dir)
     # ... and as the scorer of the eval mode best_of_n_implicit (the rule's params: the mode's eval keys + rl)
     config = tiny_config(games={"max_instances": {"train": 1, "validation": 1, "test": 1}},
                          eval={"n": 2, "max_new_tokens": 8})
-    mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": config["rl"]}
+    mode_settings = {**eval_mode_params(config, "best_of_n_implicit"), "rl": rl_params(config, "prime")["rl"]}
     rows = evaluate.evaluate_mode("best_of_n_implicit", mode_settings, str(tmp_path / "implicit.parquet"),
                                   test_cache_dir, sft_adapter=half_and_half_sft, rl_adapter=str(tmp_path / "rl"))
     assert len(rows) == 3 and all(row["search_nodes"] == 2 * row["n_turns"] for row in rows)

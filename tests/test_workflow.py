@@ -25,7 +25,9 @@ from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
-EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "greedy_rl"}
+EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "greedy_rl_grpo",
+              "greedy_rl_prime"}
+RL_ALGORITHMS = ("grpo", "prime")   # the default rl.algorithms
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
@@ -66,6 +68,12 @@ def prepare_workdir(path: Path, cache_dir: str) -> Path:
 def planned_rules(dry_run_output: str) -> set[str]:
     """The rules a dry run would run (its `rule <name>:` / `localrule <name>:` lines)."""
     return set(re.findall(r"^(?:local)?rule (\w+):", dry_run_output, flags=re.MULTILINE))
+
+
+def planned_outputs(dry_run_output: str) -> set[str]:
+    """The files the jobs of a dry run would write (their `output:` lines)."""
+    return {path.strip() for line in re.findall(r"^\s+output: (.*)$", dry_run_output, flags=re.MULTILINE)
+            for path in line.split(",")}
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True, configfile: Path | None = None) -> subprocess.CompletedProcess:
@@ -217,7 +225,8 @@ def test_every_rule_logs_and_benchmarks(completed_run):
     finished = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", completed_run.output)) - {"all"}
     assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures"} <= finished
     for rule in finished:   # a rule with wildcards (a label shard, a merge) logs into a folder of its name
-        name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft"}.get(rule, rule)
+        name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft", "rl_adapter": "rl_adapter/grpo",
+                "greedy_rl": "greedy_rl/grpo"}.get(rule, rule)
         assert "rule " in (results / f"logs/{name}.log").read_text(), rule
         assert (results / f"benchmarks/{name}.tsv").exists(), rule
     assert "episodes done" in (results / "logs/base_rollouts.log").read_text()
@@ -327,21 +336,44 @@ def test_inspect_command_on_every_record_file(completed_run, name):
 def test_merged_adapters(completed_run):
     """The merge stage: every adapter merged into a standalone checkpoint that matches PEFT(base + adapter)."""
     results = completed_run.workdir / "results"
-    for name in ("sft", "prm", "rl"):
+    for name in ("sft", "prm", *(f"rl_{algorithm}" for algorithm in RL_ALGORITHMS)):
         verification = json.loads((results / f"merged/{name}/verification.json").read_text())
         assert verification["passed"] and (results / f"merged/{name}/config.json").is_file()
         assert "verification (passed)" in (results / f"logs/merge/{name}.log").read_text()
 
 
-def test_rl_adapter(completed_run):
-    """The RL stage (GRPO by default) and its eval mode."""
+def test_rl_adapters(completed_run):
+    """The RL stage, one job per algorithm of rl.algorithms, and their eval modes side by side in prm_eval.json."""
     results = completed_run.workdir / "results"
-    rl_metrics = json.loads((results / "rl/metrics.json").read_text())
-    assert rl_metrics["status"] == "trained" and len(rl_metrics["history"]) == rl_metrics["config"]["rl"]["steps"]
-    assert (results / "rl/adapter/adapter_model.safetensors").is_file()
     summary = json.loads((results / "prm_eval.json").read_text())
-    assert "greedy_rl" in summary["differences"]["greedy_sft"]
-    assert "rl step" in (results / "logs/rl_adapter.log").read_text()
+    for algorithm in RL_ALGORITHMS:
+        rl_metrics = json.loads((results / f"rl/{algorithm}/metrics.json").read_text())
+        assert rl_metrics["status"] == "trained" and rl_metrics["algorithm"] == algorithm
+        assert len(rl_metrics["history"]) == rl_metrics["config"]["rl"]["steps"]
+        assert (results / f"rl/{algorithm}/adapter/adapter_model.safetensors").is_file()
+        assert f"greedy_rl_{algorithm}" in summary["differences"]["greedy_sft"]
+        assert "rl step" in (results / f"logs/rl_adapter/{algorithm}.log").read_text()
+    assert (results / "rl/prime/adapter/prm/adapter_model.safetensors").is_file()   # PRIME's implicit PRM
+    assert not (results / "rl/grpo/adapter/prm").exists()
+    assert set(summary["differences"]["greedy_rl_grpo"]) == EVAL_MODES - {"greedy_rl_grpo"}   # prime against grpo
+
+
+def test_a_prime_setting_reruns_prime_alone(completed_run, tmp_path):
+    """rl.prime is PRIME's alone: GRPO's stage and eval mode stay; a key of every algorithm reruns both."""
+    prime = planned_outputs(snakemake(completed_run.workdir, "-n", configfile=changed_config(
+        completed_run, tmp_path, rl={"prime": {"lr": 1e-4}})).stdout)
+    assert {"results/rl/prime/metrics.json", "results/eval/greedy_rl_prime.parquet"} <= prime
+    assert not {path for path in prime if "grpo" in path}, prime
+    shared = planned_outputs(snakemake(completed_run.workdir, "-n", configfile=changed_config(
+        completed_run, tmp_path, rl={"steps": 3})).stdout)
+    assert {f"results/rl/{algorithm}/metrics.json" for algorithm in RL_ALGORITHMS} <= shared
+
+
+def test_an_old_rl_algorithm_key_fails_at_parse_time_naming_its_replacement(workdir):
+    result = snakemake(workdir, "-n", "--config", "rl={'algorithm': 'grpo'}", check=False)
+    assert result.returncode != 0
+    assert "config key 'rl.algorithm' was replaced by rl.algorithms" in result.stdout + result.stderr
+
 
 
 def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
@@ -349,12 +381,14 @@ def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
     set (rule rl_states) and the RL stage only, no rollouts or SFT; the RL stage and the merge read the states."""
     config = yaml.safe_load((workdir / "tiny.yaml").read_text())
     config["games"].update(builtin=["hanabi"], experiments={"hanabi": ["small"]})
-    config["rl"] = {"data": "states", "reward": {"source": "turn_scores"}, "loss": "importance_sampling",
+    config["rl"] = {"algorithms": ["grpo"], "data": "states", "reward": {"source": "turn_scores"},
+                    "loss": "importance_sampling",
                     "lora": {"r": 4, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "lm_head"]}}
+    config["eval"] = {"modes": ["greedy_base", "greedy_rl_grpo"]}   # PRIME refuses per-turn rewards: no PRIME mode
     path = workdir / "hanabi.yaml"
     path.write_text(yaml.safe_dump(config))
-    dry_run = snakemake(workdir, "-n", "results/merged/rl", configfile=path).stdout
+    dry_run = snakemake(workdir, "-n", "results/merged/rl_grpo", configfile=path).stdout
     assert planned_rules(dry_run) == {"rl_states", "rl_adapter", "merge"}
     jobs = dict(re.findall(r"^rule (\w+):\n    input: ([^\n]*)", dry_run, flags=re.MULTILINE))
     assert "results/states/states.parquet" in jobs["rl_adapter"] and "sft" not in jobs["rl_adapter"]
-    assert jobs["merge"] == "results/rl/adapter, results/states/states.parquet"
+    assert jobs["merge"] == "results/rl/grpo/adapter, results/states/states.parquet"

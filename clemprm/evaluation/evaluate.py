@@ -4,7 +4,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
 
 ``greedy_base``  the base policy (``model``), temperature 0
 ``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
-``greedy_rl``    the RL policy (``model`` + the RL adapter of ``rl_adapter``), temperature 0
+``greedy_rl_grpo``, ``greedy_rl_prime``  the RL policy of that algorithm (``model`` + the RL adapter of
+                 ``rl_adapter``, ``results/rl/<algorithm>/adapter``), temperature 0
 ``random_of_n``  the SFT policy; the same N candidates per turn as ``best_of_n``, one played at random: the
                  control that tells what the PRM's ranking adds to sampling N answers
 ``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
@@ -25,8 +26,8 @@ rate are averaged over games (a game without a played episode has no quality and
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
 episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base``,
-``random_of_n`` and ``best_of_n_logprob`` use paired draws: the same resampled instances for both modes. Draws are
-seeded per game from ``seed``.
+``random_of_n``, ``best_of_n_logprob`` and ``greedy_rl_grpo`` (so PRIME's policy is compared with GRPO's) use
+paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ MODES = tuple(EVAL_MODE_KEYS)
 PRM_MODES = EVAL_PRM_MODES
 LOGPROB_MODES = ("best_of_n_logprob", "beam_search_logprob")  # scored by the policy's mean token log-probability
 SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
-BASELINES = ("greedy_sft", "greedy_base", "random_of_n", "best_of_n_logprob")
+BASELINES = ("greedy_sft", "greedy_base", "random_of_n", "best_of_n_logprob", "greedy_rl_grpo")
+RL_MODE_PREFIX = "greedy_rl_"   # + the algorithm
 METRICS = ("percent_played", "quality", "clemscore", "success_rate")
 OVERALL = "overall"
 SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
@@ -135,9 +137,9 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
         if not merged_model:
             raise ValueError("eval mode greedy_merged plays the merged SFT checkpoint: give its folder")
         policy = load_policy({**settings["model"], "spec": str(merged_model), "adapter": None}, cache_dir)
-    if policy is None and mode == "greedy_rl":
+    if policy is None and mode.startswith(RL_MODE_PREFIX):
         if not rl_adapter:
-            raise ValueError("eval mode greedy_rl plays the RL policy: give the RL adapter folder")
+            raise ValueError(f"eval mode {mode} plays the RL policy: give the RL adapter folder")
         policy = load_policy(sft_policy_settings(settings["model"], rl_adapter), cache_dir)
     if policy is None:
         if mode != "greedy_base" and not sft_adapter:

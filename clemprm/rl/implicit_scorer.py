@@ -1,8 +1,8 @@
 """The implicit PRM of a PRIME run as a PRM for the searches (eval mode ``best_of_n_implicit``).
 
 A candidate's turn score is ``beta * sum_t log(pi_phi(y_t | y<t) / pi_ref(y_t | y<t))`` over its tokens, with
-``pi_phi`` the trained implicit PRM (``results/rl/adapter/prm``) and ``pi_ref`` its frozen initial weights (the SFT
-adapter), both adapters on one base model. The candidate is scored as the policy would have written it: the
+``pi_phi`` the trained implicit PRM (``results/rl/prime/adapter/prm``) and ``pi_ref`` its frozen initial weights
+(the SFT adapter), both adapters on one base model. The candidate is scored as the policy would have written it: the
 player's perspective rendered with the chat template and generation prompt (as the policy saw it), then the
 candidate text and the template's end-of-turn token. Scores are log-odds, not probabilities: best-of-N only ranks
 them. With ``eval.n`` candidates per turn from the same seeds as ``best_of_n``, the Monte-Carlo PRM and the
@@ -79,7 +79,7 @@ def load_implicit_prm(model_settings: dict, rl_adapter: str, sft_adapter: str, b
 
     folder = Path(rl_adapter) / "prm"
     if not (folder / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{rl_adapter} holds no implicit PRM ({folder}): the RL stage trains one with "
-                                f"rl.algorithm: prime")
+        raise FileNotFoundError(f"{rl_adapter} holds no implicit PRM ({folder}): PRIME's RL stage trains one "
+                                f"(prime in rl.algorithms, results/rl/prime/adapter)")
     cfg = ModelConfig.from_dict({**model_settings, "adapter": str(folder), "cache_dir": cache_dir})
     return ImplicitPRMScorer(cfg, sft_adapter, beta)

@@ -24,6 +24,12 @@ Process advantages (:func:`process_advantages`), per cohort: the sequences of on
        the cohort's sequences apart and its advantages are zero for the whole cohort (what would be left is
        noise, amplified by the baseline).
     Combined: ``A_t = A_outcome + A_process_t`` (the issue's formula; no final whitening).
+
+Group-accuracy filter (PRIME-RL/PRIME's prompt filter, ``rl.prime.accuracy_filter``, ``[0.2, 0.8]``; null: off)
+    A group whose accuracy (the share of its episodes that succeeded) lies outside ``[low, high]`` is left out of the
+    step: neither the implicit PRM nor the policy is updated on it (its turns get no advantages, so they are not in
+    the policy loss's normaliser either). All-lost and all-won groups teach neither: their outcome advantage is 0.
+    The step's metrics count the groups filtered out; a step without a kept group updates nothing.
 """
 
 from __future__ import annotations
@@ -157,23 +163,43 @@ class PRIME:
 
     name = "prime"
 
-    def __init__(self, prm: ImplicitPRM, optimizer, scheduler, *, std_threshold: float, max_grad_norm: float):
+    def __init__(self, prm: ImplicitPRM, optimizer, scheduler, *, std_threshold: float, max_grad_norm: float,
+                 accuracy_filter: list[float] | None = None):
         self.prm, self.optimizer, self.scheduler = prm, optimizer, scheduler
         self.std_threshold, self.max_grad_norm = float(std_threshold), float(max_grad_norm)
+        if accuracy_filter is not None and not 0 <= accuracy_filter[0] <= accuracy_filter[1] <= 1:
+            raise ValueError(f"rl.prime.accuracy_filter: {accuracy_filter} is no range [low, high] within [0, 1]")
+        self.accuracy_filter = accuracy_filter
+
+    def keeps(self, group: Group) -> bool:
+        """Whether ``group``'s accuracy lies in the accuracy filter's range (always, with the filter off)."""
+        if self.accuracy_filter is None:
+            return True
+        low, high = self.accuracy_filter
+        return low <= group_accuracy(group) <= high
 
     def assign(self, trainer, groups: list[Group]) -> dict:
-        sequences = [sequence for group in groups for sequence in group.sequences]
-        stats, log_ratios = self.prm.accumulate_gradients(sequences)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(), self.max_grad_norm))
+        kept = [group for group in groups if self.keeps(group)]
+        for group in groups:   # a filtered group's turns are out of the step (advantages None)
+            for sequence in group.sequences:
+                for turn in sequence.turns:
+                    turn.advantages = None
+        sequences = [sequence for group in kept for sequence in group.sequences]
+        if sequences:
+            stats, log_ratios = self.prm.accumulate_gradients(sequences)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.prm.parameters(), self.max_grad_norm))
+        else:   # nothing kept: no PRM gradient (the optimizer step leaves parameters without one alone)
+            stats, log_ratios, grad_norm = {"bce": None, "accuracy": None, "sequences": 0}, {}, 0.0
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         token_rewards = {key: self.prm.beta * q for key, q in log_ratios.items()}
-        process, process_stats = process_advantages(groups, token_rewards, self.std_threshold)
-        outcome, combined, process_values = [], [], []
-        for group in groups:
+        process, process_stats = process_advantages(kept, token_rewards, self.std_threshold)
+        outcome, combined, process_values, zero_groups = [], [], [], 0
+        for group in kept:
             advantages = episode_advantages(group)
             outcome += list(advantages.values())
+            zero_groups += not any(advantages.values())
             for sequence in group.sequences:
                 for turn in sequence.turns:
                     turn.advantages = [advantages[sequence.episode_id] + a for a in process[id(turn)]]
@@ -181,4 +207,11 @@ class PRIME:
                     process_values += process[id(turn)]
         return {"outcome_advantage": summary(outcome), "process_advantage": summary(process_values),
                 "advantage": summary(combined), "implicit_prm": {**stats, "grad_norm": grad_norm, **process_stats},
-                "token_reward": summary([float(v) for q in token_rewards.values() for v in q.tolist()])}
+                "token_reward": summary([float(v) for q in token_rewards.values() for v in q.tolist()]),
+                "zero_advantage_groups": zero_groups,
+                "filtered_groups": len(groups) - len(kept), "group_accuracy": [group_accuracy(g) for g in groups]}
+
+
+def group_accuracy(group: Group) -> float:
+    """The share of ``group``'s episodes that succeeded (PRIME's accuracy: the success reward)."""
+    return sum(bool(row["success"]) for row in group.rows) / max(1, len(group.rows))

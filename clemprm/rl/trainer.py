@@ -311,7 +311,8 @@ class RLTrainer:
             prm = ImplicitPRM(self.model, prime["beta"], compute_dtype=self.compute_dtype)
             optimizer = make_optimizer(prm.parameters(), self.rl, prime["lr"], self.device)
             return PRIME(prm, optimizer, make_scheduler(optimizer, self.rl),
-                         std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"])
+                         std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"],
+                         accuracy_filter=prime["accuracy_filter"])
         raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
 
     def rollouts(self, instances: list, step: int) -> list[Group]:
@@ -336,7 +337,9 @@ class RLTrainer:
         """The objective's advantages, then one policy update on ``groups``; the update's statistics."""
         self.model.train()
         objective_stats = self.objective.assign(self, groups)
-        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
+        # turns left without advantages (PRIME's filtered groups) are out of the step, also of its normaliser
+        turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns
+                 if turn.advantages is not None]
         normaliser = step_normaliser(turns, self.rl["length_normalisation"], self.rl["max_new_tokens"])
         stats = accumulate_policy_gradients(self.model, turns, kl_beta=self.rl["kl_beta"], normaliser=normaliser,
                                             compute_dtype=self.compute_dtype, loss=self.rl["loss"])
@@ -397,7 +400,8 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
     """The ``rl_adapter`` stage: RL of the SFT policy (or, ``rl.lora``, of a fresh LoRA) on the train split of
     every configured game, or (``rl.data: states``) on the prompt set ``states``; writes the policy adapter (and,
     for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
-    ``settings`` is the rule's params: seed, model, games, rl."""
+    ``settings`` is the rule's params (:func:`clemprm.config.rl_params`): seed, model, games, rl, where
+    ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``)."""
     from clemprm.models.loader import resolve_quantization
     from clemprm.stages.sft import finish_metrics
 
