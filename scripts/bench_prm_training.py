@@ -7,7 +7,7 @@ Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): 
 ``model``, no SFT adapter) plays ``--instances`` train instances per built-in game, every trajectory gives its
 branch points (``branch_points.max_per_episode``) with ``--siblings`` candidates each, each labelled by ``--k``
 continuations (the ``branch_points`` and ``soft_labels`` stages' own functions). Then the PRM stage
-(:func:`clemprm.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm`` section, e.g.
+(:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm`` section, e.g.
 ``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the script prints
 each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1 regret and the pick's
 label (bootstrap CIs over held-out instances), global AUROC and Pearson, and the training time.
@@ -21,7 +21,7 @@ import logging
 import time
 from pathlib import Path
 
-from clemprm import labels, prm
+from clemprm.stages import labels, prm
 from clemprm.config import deep_merge, load_config
 
 

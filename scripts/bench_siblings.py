@@ -7,8 +7,8 @@ store saves, side by side in one run.
 The policy (the base ``--model``; the pipeline uses the SFT policy, which plays alike in cost) plays ``--instances``
 train instances per built-in game once; their branch points (``branch_points.max_per_episode`` per episode) are the
 states. Then, for each M of ``--siblings``: the M - 1 siblings sampled from each state
-(:func:`clemprm.labels.with_siblings`, the branch-point stage's part that grows with M), and the K-continuation
-soft labels of all M candidates of every state (:func:`clemprm.labels.label_chunk`, the soft-label stage), once
+(:func:`clemprm.stages.labels.with_siblings`, the branch-point stage's part that grows with M), and the K-continuation
+soft labels of all M candidates of every state (:func:`clemprm.stages.labels.label_chunk`, the soft-label stage), once
 with the decoder's prefix store (``model.prefix_cache_mb``: a fork or a game's next turn prefills only its new
 tokens) and once without it. Prints seconds, continuations/s, the cost relative to M = 1, the store's saving, and
 how many states' siblings got different labels (what a PRM trained on siblings can learn from).
@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from clemprm import labels
-from clemprm.catalog import GameCatalog
+from clemprm.stages import labels
+from clemprm.play.catalog import GameCatalog
 from clemprm.config import load_config
-from clemprm.engine import RolloutEngine, Sampling
-from clemprm.stages import load_policy
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.stages.rollouts import load_policy
 
 
 def main() -> None:

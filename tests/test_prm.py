@@ -202,19 +202,19 @@ def test_siblings_are_ranked_by_the_prm_and_the_baselines_on_held_out_prefixes(t
 def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_picks(trained, tmp_path):
     import jsonschema
 
-    from clemprm import evaluation, report
+    from clemprm.evaluation import evaluate, report
 
     metrics = trained["metrics"]
-    summary = evaluation.prm_summary(json.loads((trained["dir"] / "metrics.json").read_text()))
-    schema = json.loads(evaluation.SCHEMA_PATH.read_text())
+    summary = evaluate.prm_summary(json.loads((trained["dir"] / "metrics.json").read_text()))
+    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
     jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
     assert summary["ranking"]["scorers"] == metrics["ranking"]["scorers"]
     assert summary["instances"] == metrics["examples"]["validation_instances"] == 6
     assert set(summary["global"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
     assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["validation"]["auroc"]
     assert "bce" not in summary["global"]["policy_logprob"]
-    assert evaluation.prm_summary({"ranking": None}) is None
-    assert "prm: pairwise accuracy 1.000" in evaluation.ranking_lines(summary)
+    assert evaluate.prm_summary({"ranking": None}) is None
+    assert "prm: pairwise accuracy 1.000" in evaluate.ranking_lines(summary)
 
     report.plot_sibling_picks({"prm": summary}, tmp_path / "picks.png")
     drawn = report.figure_data(tmp_path / "picks.png")

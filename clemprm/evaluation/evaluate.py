@@ -314,7 +314,7 @@ def prm_summary(prm_metrics: dict) -> dict | None:
     """The PRM stage's held-out metrics (``results/prm/metrics.json``, its validation instances) as the summary
     shows them: ``global`` (BCE, MSE, correlations and AUROC against the labels, across states) and ``ranking``
     (within-prefix pairwise accuracy, top-1 regret and the label of the pick among siblings, with bootstrap CIs,
-    :func:`clemprm.prm.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
+    :func:`clemprm.stages.prm.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
     siblings of a state: their pick is a random pick's expectation. None when the PRM was not trained."""
     ranking = prm_metrics.get("ranking")
     if not ranking:

@@ -63,10 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.models import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
-from clemprm.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics, keep_4bit_differentiable,
-                         lora_config, normalise, progress_callback, save_adapter,
-                         split_instances)
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype, resolve_quantization
+from clemprm.stages.sft import (OPTIMIZER_AUTO, _finite, device_name, epoch_history, finish_metrics,
+                                keep_4bit_differentiable, lora_config, normalise, progress_callback, save_adapter,
+                                split_instances)
 
 log = logging.getLogger(__name__)
 
