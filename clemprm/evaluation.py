@@ -112,7 +112,7 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
                   prm_adapter: str | None = None, *, merged_model: str | None = None, rl_adapter: str | None = None,
-                  policy=None, prm=None, on_failure: str = "stop") -> list[dict]:
+                  policy=None, prm=None, on_failure: str = "stop", score_adapter: str | None = None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
@@ -126,6 +126,11 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     """
     if mode not in MODES:
         raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
+    if mode == "self_correct":   # two attempts, two policies: SCoRe's mode (settings: + score)
+        from clemprm.rl.self_correction import evaluate_self_correct
+
+        return evaluate_self_correct(settings, output, cache_dir, sft_adapter=sft_adapter, score_adapter=score_adapter,
+                                     on_failure=on_failure)
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     split_warnings = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
@@ -309,7 +314,10 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
     runs = {}
     for path in mode_paths:
         run = records.read_provenance(path).get("run", {})
-        runs[run.get("mode") or Path(path).stem] = (records.read_records(path, records.EVAL_EPISODES), run)
+        mode = run.get("mode") or Path(path).stem
+        schema = records.SELF_CORRECT_EPISODES if mode == "self_correct" else records.EVAL_EPISODES
+        runs[mode] = (records.read_records(path, schema), run)
+    self_correct = runs.pop("self_correct", None)   # attempt pairs of two policies: its own entry
     tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
     summary = {
         "split": eval_settings["split"],
@@ -325,6 +333,11 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
                         for baseline in BASELINES if baseline in tables},
         **provenance(settings),
     }
+    if self_correct is not None:
+        from clemprm.rl.self_correction import self_correction_summary
+
+        summary["self_correction"] = self_correction_summary(self_correct[0], samples, seed, ci)
+        summary["warnings"] += self_correct[1].get("warnings", [])
     jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
     write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))

@@ -26,6 +26,7 @@ class Turn:
     completion_ids: list[int]
     advantages: list[float] | None = None   # per answer token, set by the objective (None: not trained)
     kl_beta: float | None = None            # the K3 KL weight of this turn (None: ``rl.kl_beta``)
+    kl_sum: float | None = None             # the summed K3 of its tokens in the update that trained it
 
     @property
     def trained(self) -> bool:
@@ -84,8 +85,16 @@ def collect_groups(engine: RolloutEngine, policy, instances: list[Instance], gro
             episode_id = f"{game}/{experiment}/{game_id}/{g}"
             episodes.append(engine.start(instance, [policy], episode_id, derive_seed(base_seed, "rl", step, episode_id)))
             owner.append(index)
+    return play_groups(engine, policy, instances, episodes, owner, step=step, sampling=sampling, reward_of=reward_of)
+
+
+def play_groups(engine: RolloutEngine, policy, instances: list[Instance], episodes: list, owner: list[int], *,
+                step: int, sampling: Sampling, reward_of, label: str = "rollouts") -> list[Group]:
+    """Play the started ``episodes`` (episode ``i`` of instance ``owner[i]``) with ``policy`` in lockstep; return
+    one :class:`Group` per instance (its episodes in order). :func:`collect_groups` starts them; SCoRe's attempt
+    builder starts attempt 2 episodes (:mod:`clemprm.rl.attempts`)."""
     played: list[list[tuple[str, Turn]]] = [[] for _ in episodes]
-    progress = Progress(len(episodes), f"rl step {step} rollouts")
+    progress = Progress(len(episodes), f"rl step {step} {label}")
     live = [i for i, episode in enumerate(episodes) if not episode.done]
     while live:
         proposals = engine.propose([episodes[i] for i in live], 1, sampling)

@@ -153,7 +153,8 @@ def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, nor
             loss, k3 = turn_loss(logp, reference, advantages, beta, normaliser)
             loss.backward()
             loss_sum += float(loss.detach())
-            k3_sum += float(k3.sum())
+            turn.kl_sum = float(k3.sum())
+            k3_sum += turn.kl_sum
             trained_tokens += len(turn.completion_ids)
             trained_turns += 1
     return {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
@@ -180,7 +181,8 @@ def instance_schedule(instances: list[Instance], per_step: int, steps: int, seed
 class RLTrainer:
     """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
 
-    def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog):
+    def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog, *, objective=None,
+                 reward_of=None):
         from clemprm.generation import PolicyModel
         from clemprm.models import resolve_dtype
         from clemprm.sft import device_name
@@ -194,10 +196,10 @@ class RLTrainer:
         self.policy = PolicyModel(model_cfg, name=f"{model_cfg.short_name}+rl", tokenizer=tokenizer, model=model,
                                   temperature=rl["temperature"], top_p=rl["top_p"], max_new_tokens=rl["max_new_tokens"])
         self.engine = RolloutEngine(catalog, self.sampling)
-        self.reward_of = reward_function(rl["reward"])
+        self.reward_of = reward_of or reward_function(rl["reward"])   # SCoRe passes its own (clemprm.rl.score)
         self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
         self.scheduler = make_scheduler(self.optimizer, rl)
-        self.objective = self._objective()
+        self.objective = objective or self._objective()   # SCoRe passes its stage's objective
 
     def _objective(self):
         algorithm = self.rl["algorithm"]
