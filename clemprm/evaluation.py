@@ -15,6 +15,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
                  Monte-Carlo PRM: the same candidates (same seeds), another ranking
 ``best_of_n_logprob``, ``beam_search_logprob``  the same searches ranking by the policy's own mean token
                  log-probability (:mod:`clemprm.search.logprob`): the PRM-free pick a PRM must beat
+``self_correct``  SCoRe's two attempts per instance (greedy) for the SFT and the SCoRe policy
+                 (:mod:`clemprm.rl.self_correction`); summarized apart, as ``self_correction`` (not in ``modes``)
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -56,7 +58,8 @@ from clemprm.stages import load_policy, summarize
 
 log = logging.getLogger(__name__)
 
-MODES = tuple(EVAL_MODE_KEYS)
+SELF_CORRECT = "self_correct"   # two attempts x two policies (clemprm.rl.self_correction), not a one-policy mode
+MODES = tuple(mode for mode in EVAL_MODE_KEYS if mode != SELF_CORRECT)
 PRM_MODES = EVAL_PRM_MODES
 LOGPROB_MODES = ("best_of_n_logprob", "beam_search_logprob")  # scored by the policy's mean token log-probability
 SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
@@ -124,13 +127,13 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     :mod:`clemprm.checks.run_time`).
     ``merged_model``: the merged SFT folder (:mod:`clemprm.merge`) that ``greedy_merged`` plays.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
-    if mode == "self_correct":   # two attempts, two policies: SCoRe's mode (settings: + score)
+    if mode == SELF_CORRECT:   # SCoRe's mode (settings: + score)
         from clemprm.rl.self_correction import evaluate_self_correct
 
         return evaluate_self_correct(settings, output, cache_dir, sft_adapter=sft_adapter, score_adapter=score_adapter,
                                      on_failure=on_failure)
+    if mode not in MODES:
+        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES + (SELF_CORRECT,))})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     split_warnings = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
@@ -315,9 +318,9 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str) -> dict:
     for path in mode_paths:
         run = records.read_provenance(path).get("run", {})
         mode = run.get("mode") or Path(path).stem
-        schema = records.SELF_CORRECT_EPISODES if mode == "self_correct" else records.EVAL_EPISODES
+        schema = records.SELF_CORRECT_EPISODES if mode == SELF_CORRECT else records.EVAL_EPISODES
         runs[mode] = (records.read_records(path, schema), run)
-    self_correct = runs.pop("self_correct", None)   # attempt pairs of two policies: its own entry
+    self_correct = runs.pop(SELF_CORRECT, None)   # attempt pairs of two policies: its own entry
     tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
     summary = {
         "split": eval_settings["split"],

@@ -291,7 +291,7 @@ def test_train_score_writes_the_adapter_and_per_stage_metrics(half_and_half_sft,
         assert entry["reward_difference"] == pytest.approx(entry["reward_t2"] - entry["reward_t1"])
         assert set(entry["kl"]) == {"attempt1", "attempt2", "trained"}
         assert set(entry["seconds"]) == {"attempt1", "attempt2", "update"}
-    assert written["peak_memory_mb"] > 0 and "peft" in written["versions"]
+    assert written["peak_memory_mb"]["rss"] > 0 and "peft" in written["versions"]
     config = json.loads((tmp_path / "score/adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "tiny:0"
     PeftModel.from_pretrained(load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))[1],
