@@ -212,9 +212,9 @@ def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: s
     log.info("report figures: %s", ", ".join(outputs.values()))
 
 
-SELF_CORRECTION_BARS = (("accuracy_t1", "Accuracy@t1"), ("accuracy_t2", "Accuracy@t2"), ("delta_i_to_c", "Δ i→c"),
-                        ("delta_c_to_i", "Δ c→i"), ("percent_played_t1", "% played t1"),
-                        ("percent_played_t2", "% played t2"))
+SELF_CORRECTION_BARS = (("accuracy_t1", "Acc@t1"), ("accuracy_t2", "Acc@t2"), ("delta_i_to_c", "Δ i→c"),
+                        ("delta_c_to_i", "Δ c→i"), ("percent_played_t1", "played t1"),
+                        ("percent_played_t2", "played t2"))
 
 
 def plot_self_correction(summary: dict, score_metrics: dict, path: str | Path) -> None:
@@ -254,6 +254,7 @@ def plot_self_correction(summary: dict, score_metrics: dict, path: str | Path) -
         if switch is not None:
             curve.axvline(switch - 0.5, color="grey", linestyle="--", label="stage II starts")
         curve.set(xlabel="SCoRe step", ylabel="mean success_binary reward (0-1)", title="SCoRe training", ylim=(0, 1))
+        curve.xaxis.get_major_locator().set_params(integer=True)
         curve.legend(fontsize="small")
     _save(plt, fig, path, drawn)
 
