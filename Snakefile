@@ -29,6 +29,7 @@ include: "rules/prm.smk"
 include: "rules/eval.smk"
 include: "rules/merge.smk"
 include: "rules/rl.smk"
+include: "rules/score.smk"
 
 
 rule all:
@@ -39,4 +40,5 @@ rule all:
         "results/report/prm_calibration.png",
         "results/report/training_curves.png",
         expand("results/merged/{name}", name=MERGED_ADAPTERS),
+        SCORE_TARGETS,
     default_target: True

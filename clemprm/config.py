@@ -131,6 +131,8 @@ EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY,
 # the searches ranking candidates by the policy's own mean token log-probability instead of the PRM
 EVAL_MODE_KEYS.update({"best_of_n_logprob": EVAL_MODE_KEYS["best_of_n"],
                        "beam_search_logprob": EVAL_MODE_KEYS["beam_search"]})
+# two greedy attempts per instance, SFT and SCoRe policy (clemprm.rl.self_correction; its rule adds the score section)
+EVAL_MODE_KEYS["self_correct"] = _EVAL_PLAY
 EVAL_PRM_MODES = ("best_of_n", "beam_search")
 
 

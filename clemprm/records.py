@@ -108,6 +108,12 @@ EVAL_EPISODES = pa.schema(list(EPISODES) + [
     ("search_nodes", pa.int64()),      # candidate answers generated: the search tree's nodes (greedy: one per turn)
 ])
 
+# Mode self_correct (``results/eval/self_correct.parquet``, clemprm.rl.self_correction): two attempts per episode id.
+SELF_CORRECT_EPISODES = pa.schema(list(EVAL_EPISODES) + [
+    ("attempt", pa.int32()),           # 1, or 2: the episode that started from attempt 1's transcript and outcome
+    ("policy_role", pa.string()),      # sft (model + SFT adapter) | score (model + SCoRe adapter)
+])
+
 # Game states to train on single-turn (``rl.data: states``): the prompt at a state and the answers that reach it.
 STATES = pa.schema([
     ("state_id", pa.string()),         # "<game>/<experiment>/<game_id>/<turn_idx>"

@@ -266,3 +266,25 @@ rule greedy_merged:
         "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/eval_mode.py"
+
+
+# SCoRe's mode (only when listed in eval.modes): per instance of score.games, attempt 1 then attempt 2 (greedy), for the
+# SFT and the SCoRe policy; params: the mode's eval keys + score (its games and instruction; the adapter's settings)
+rule self_correct:
+    input:
+        instance_list=lambda wc: config["games"]["instance_list"] or [],
+        sft_adapter="results/sft/adapter",
+        score_adapter="results/score/adapter",
+    output:
+        "results/eval/self_correct.parquet",
+    params:
+        settings={**eval_mode_params(config, "self_correct"), **sections(config, "score")},
+    log:
+        "results/logs/self_correct.log",
+    benchmark:
+        "results/benchmarks/self_correct.tsv"
+    threads: max(1, config["model"]["threads"])
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_mode.py"

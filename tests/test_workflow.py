@@ -21,6 +21,7 @@ import yaml
 
 from clemprm import records
 from clemprm.evaluation import evaluate, report
+from clemprm.config import load_config
 from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,6 +29,7 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snake
 EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "greedy_rl_grpo",
               "greedy_rl_prime"}
 RL_ALGORITHMS = ("grpo", "prime")   # the default rl.algorithms
+DEFAULT_EVAL_MODES = load_config()["eval"]["modes"]
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
@@ -44,7 +46,10 @@ def tiny_workflow_config(cache_dir: str) -> dict:
         "branch_points": {"max_new_tokens": 8, "siblings": 2},   # the PRM's held-out ranking needs siblings
         "labels": {"k": 2, "max_new_tokens": 8, "shards": 2, "checkpoint_every": 2},
         "prm": {"epochs": 1, "max_examples": 16, "batch_size": 8, "grad_accum": 1},
-        "eval": {"max_new_tokens": 8, "n": 2, "num_beam_iterations": 4, "bootstrap_samples": 100},
+        "eval": {"max_new_tokens": 8, "n": 2, "num_beam_iterations": 4, "bootstrap_samples": 100,
+                 # SCoRe's mode is not a default one (cost): the tiny run adds it, so score_adapter runs too
+                 "modes": DEFAULT_EVAL_MODES + ["self_correct"]},
+        "score": {"stage1_steps": 1, "stage2_steps": 1, "instances_per_step": 1, "group_size": 2, "max_new_tokens": 8},
     }
 
 
@@ -261,10 +266,14 @@ RERUNS = {
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
-             {"beam_search", "eval_summary", "eval_report_figures", "all"}, None),
+             {"beam_search", "eval_summary", "eval_report_figures", "self_correction_figure", "all"}, None),
     # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
     "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl", "eval_summary"},
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}),
+    # score.* reruns SCoRe, its eval mode, the summary and the figures after it; no other stage or mode
+    "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
+              set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "rl_adapter",
+                               "greedy_rl", "prm_adapter"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
 }
@@ -304,7 +313,8 @@ RECORD_FILES = {"rollouts/base_train.parquet": records.EPISODES, "sft/sft_data.p
                 "labels/branch_points.parquet": records.BRANCH_POINTS,
                 "labels/sft_train_episodes.parquet": records.EPISODES,
                 "labels/shards/0-of-2.parquet": records.SOFT_LABELS, "labels/soft_labels.parquet": records.SOFT_LABELS,
-                **{f"eval/{mode}.parquet": records.EVAL_EPISODES for mode in sorted(EVAL_MODES)}}
+                **{f"eval/{mode}.parquet": records.EVAL_EPISODES for mode in sorted(EVAL_MODES)},
+                "eval/self_correct.parquet": records.SELF_CORRECT_EPISODES}
 
 
 @pytest.mark.parametrize("name", list(RECORD_FILES))
@@ -392,3 +402,29 @@ def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
     jobs = dict(re.findall(r"^rule (\w+):\n    input: ([^\n]*)", dry_run, flags=re.MULTILINE))
     assert "results/states/states.parquet" in jobs["rl_adapter"] and "sft" not in jobs["rl_adapter"]
     assert jobs["merge"] == "results/rl/grpo/adapter, results/states/states.parquet"
+
+
+def test_score_adapter_and_self_correct(completed_run):
+    """SCoRe's stage (stage I then II) and eval mode self_correct: both attempts for both policies, the summary's
+    self-correction table and its figure."""
+    results = completed_run.workdir / "results"
+    metrics = json.loads((results / "score/metrics.json").read_text())
+    assert metrics["status"] == "trained" and [entry["stage"] for entry in metrics["history"]] == [1, 2]
+    assert (results / "score/adapter/adapter_model.safetensors").is_file()
+    assert "score stage 2 step 1" in (results / "logs/score_adapter.log").read_text()
+    rows = records.read_records(results / "eval/self_correct.parquet", records.SELF_CORRECT_EPISODES)
+    # guessnumber (score.games) x 1 validation instance x 1 episode x 2 attempts x 2 policies
+    assert sorted((row["policy_role"], row["attempt"]) for row in rows) == [("score", 1), ("score", 2), ("sft", 1),
+                                                                            ("sft", 2)]
+    assert {row["game"] for row in rows} == {"guessnumber"}
+    summary = json.loads((results / "prm_eval.json").read_text())
+    assert "self_correct" not in summary["modes"]
+    table = summary["self_correction"]
+    assert set(table["policies"]) == {"sft", "score"} and "score_minus_sft" in table["difference"]
+    for role in ("sft", "score"):
+        attempts = {row["attempt"]: row for row in rows if row["policy_role"] == role}
+        overall = table["policies"][role]["results"]["overall"]
+        assert overall["accuracy_t1"]["value"] == 100.0 * attempts[1]["success"]
+        assert overall["accuracy_t2"]["value"] == 100.0 * attempts[2]["success"]
+    drawn = report.figure_data(results / "report/self_correction.png")
+    assert set(drawn["bars"]) == {"sft", "score"} and [step[1] for step in drawn["steps"]] == [1, 2]

@@ -16,6 +16,8 @@ Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`cle
                  Monte-Carlo PRM: the same candidates (same seeds), another ranking
 ``best_of_n_logprob``, ``beam_search_logprob``  the same searches ranking by the policy's own mean token
                  log-probability (:mod:`clemprm.search.logprob`): the PRM-free pick a PRM must beat
+``self_correct``  SCoRe's two attempts per instance (greedy) for the SFT and the SCoRe policy
+                 (:mod:`clemprm.rl.self_correction`); summarized apart, as ``self_correction`` (not in ``modes``)
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -58,7 +60,8 @@ from clemprm.stages.rollouts import load_policy, summarize
 
 log = logging.getLogger(__name__)
 
-MODES = tuple(EVAL_MODE_KEYS)
+SELF_CORRECT = "self_correct"   # two attempts x two policies (clemprm.rl.self_correction), not a one-policy mode
+MODES = tuple(mode for mode in EVAL_MODE_KEYS if mode != SELF_CORRECT)
 PRM_MODES = EVAL_PRM_MODES
 LOGPROB_MODES = ("best_of_n_logprob", "beam_search_logprob")  # scored by the policy's mean token log-probability
 SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
@@ -115,7 +118,7 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
                   prm_adapter: str | None = None, *, merged_model: str | None = None, rl_adapter: str | None = None,
-                  policy=None, prm=None, on_failure: str = "stop") -> list[dict]:
+                  policy=None, prm=None, on_failure: str = "stop", score_adapter: str | None = None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
@@ -127,8 +130,13 @@ def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None 
     :mod:`clemprm.checks.run_time`).
     ``merged_model``: the merged SFT folder (:mod:`clemprm.stages.merge`) that ``greedy_merged`` plays.
     """
+    if mode == SELF_CORRECT:   # SCoRe's mode (settings: + score)
+        from clemprm.rl.self_correction import evaluate_self_correct
+
+        return evaluate_self_correct(settings, output, cache_dir, sft_adapter=sft_adapter, score_adapter=score_adapter,
+                                     on_failure=on_failure)
     if mode not in MODES:
-        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES)})")
+        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES + (SELF_CORRECT,))})")
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     split_marks = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
@@ -342,7 +350,10 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
     runs = {}
     for path in mode_paths:
         run = records.read_provenance(path).get("run", {})
-        runs[run.get("mode") or Path(path).stem] = (records.read_records(path, records.EVAL_EPISODES), run)
+        mode = run.get("mode") or Path(path).stem
+        schema = records.SELF_CORRECT_EPISODES if mode == SELF_CORRECT else records.EVAL_EPISODES
+        runs[mode] = (records.read_records(path, schema), run)
+    self_correct = runs.pop(SELF_CORRECT, None)   # attempt pairs of two policies: its own entry
     marks = [mark for path in [*upstream_paths, *mode_paths] for mark in read_failure_marks(path)]
     tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
     summary = {
@@ -362,6 +373,10 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
     }
     if prm_metrics_path is not None:
         summary["prm"] = prm_summary(json.loads(Path(prm_metrics_path).read_text()))
+    if self_correct is not None:
+        from clemprm.rl.self_correction import self_correction_summary
+
+        summary["self_correction"] = self_correction_summary(self_correct[0], samples, seed, ci)
     jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
     write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))

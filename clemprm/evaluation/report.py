@@ -290,3 +290,56 @@ def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: s
     plot_training_curves({"SFT adapter": _read_json(sft_metrics_path).get("history") or [],
                           "PRM adapter": prm_metrics.get("history") or []}, outputs["training"])
     log.info("report figures: %s", ", ".join(outputs.values()))
+
+
+SELF_CORRECTION_BARS = (("accuracy_t1", "Acc@t1"), ("accuracy_t2", "Acc@t2"), ("delta_i_to_c", "Δ i→c"),
+                        ("delta_c_to_i", "Δ c→i"), ("percent_played_t1", "played t1"),
+                        ("percent_played_t2", "played t2"))
+
+
+def plot_self_correction(summary: dict, score_metrics: dict, path: str | Path) -> None:
+    """Eval mode ``self_correct`` and SCoRe's training: left, overall accuracy at attempts 1 and 2, the wrong -> right
+    and right -> wrong shares and % played per attempt, SFT vs SCoRe policy, with 95% CI whiskers; right, the mean
+    reward of attempts 1 and 2 per training step, stage I then stage II."""
+    plt = _pyplot()
+    fig, (bars, curve) = plt.subplots(1, 2, figsize=(11, 4))
+    policies = (summary.get("self_correction") or {}).get("policies") or {}
+    drawn = {"bars": {}, "steps": []}
+    if not policies:
+        _no_data(bars, "no self_correct results")
+    width = 0.8 / max(1, len(policies))
+    for p, (role, entry) in enumerate(sorted(policies.items(), key=lambda item: item[0] != "sft")):
+        overall = (entry.get("results") or {}).get("overall") or {}
+        estimates = [overall.get(metric) or {} for metric, _ in SELF_CORRECTION_BARS]
+        values = [_number(e.get("value")) for e in estimates]
+        errors = [[max(0.0, v - _number(e.get("ci_low"))) for v, e in zip(values, estimates)],
+                  [max(0.0, _number(e.get("ci_high")) - v) for v, e in zip(values, estimates)]]
+        positions = [i + (p - (len(policies) - 1) / 2) * width for i in range(len(values))]
+        bars.bar(positions, values, width, yerr=errors, capsize=3, label=f"{role} policy")
+        drawn["bars"][role] = {"values": values, "errors": errors}
+    if policies:
+        bars.set_xticks(range(len(SELF_CORRECTION_BARS)), [label for _, label in SELF_CORRECTION_BARS], fontsize="small")
+        bars.set(ylim=(0, 105), ylabel="% of episodes", title="self_correct (greedy), overall")
+        bars.legend(fontsize="small")
+    history = [entry for entry in score_metrics.get("history") or [] if isinstance(entry, dict)]
+    drawn["steps"] = [[entry.get("step"), entry.get("stage"), entry.get("reward_t1"), entry.get("reward_t2")]
+                      for entry in history]
+    if not history:
+        _no_data(curve, "no SCoRe training history")
+    else:
+        steps = [entry["step"] for entry in history]
+        for key, label in (("reward_t1", "reward t1"), ("reward_t2", "reward t2")):
+            curve.plot(steps, [_number(entry.get(key)) for entry in history], marker="o", label=label)
+        switch = next((entry["step"] for entry in history if entry.get("stage") == 2), None)
+        if switch is not None:
+            curve.axvline(switch - 0.5, color="grey", linestyle="--", label="stage II starts")
+        curve.set(xlabel="SCoRe step", ylabel="mean success_binary reward (0-1)", title="SCoRe training", ylim=(0, 1))
+        curve.xaxis.get_major_locator().set_params(integer=True)
+        curve.legend(fontsize="small")
+    _save(plt, fig, path, drawn)
+
+
+def self_correction_figure(summary_path: str, score_metrics_path: str, output: str) -> None:
+    """Write the self-correction figure (:func:`plot_self_correction`)."""
+    plot_self_correction(_read_json(summary_path), _read_json(score_metrics_path), output)
+    log.info("report figure: %s", output)

@@ -123,6 +123,9 @@ class Episode:
         # (agent id, messages) once the waiting player has perceived its context (clemcore's perceive_context
         # memorizes and logs it, so it happens once per turn; forks of a waiting episode inherit it)
         self.pending: tuple[str, list[dict]] | None = None
+        # text put before the first user message of every perspective the model gets (SCoRe's attempt 2 starts
+        # with attempt 1's transcript, :mod:`clemprm.rl.attempts`); the game never sees it
+        self.context_prefix = ""
 
     @property
     def done(self) -> bool:
@@ -159,6 +162,7 @@ class Episode:
         clone = Episode(episode_id or self.episode_id, self.instance, self.seed if seed is None else seed,
                         env, recorder, self.benchmark, self.generator_states)
         clone.turns, clone.error, clone.pending = turns, self.error, self.pending
+        clone.context_prefix = self.context_prefix
         return clone
 
     def advance_to_model_turn(self) -> None:
@@ -207,6 +211,17 @@ class Episode:
             "bench_score": bench_score, "error": self.error,
             "episode_scores": json.dumps(scores, default=float, sort_keys=True), "turns": self.turns,
         }
+
+
+def with_context_prefix(messages: list[dict], prefix: str) -> list[dict]:
+    """``messages`` with ``prefix`` put before the content of the first user message (unchanged when empty)."""
+    if not prefix:
+        return messages
+    first = next((i for i, message in enumerate(messages) if message["role"] == "user"), None)
+    if first is None:
+        return messages
+    return [*messages[:first], {**messages[first], "content": prefix + messages[first]["content"]},
+            *messages[first + 1:]]
 
 
 class Progress:
@@ -293,7 +308,8 @@ class RolloutEngine:
                 agent = episode.env.agent_selection
                 player = episode.env.player_by_agent_id[agent]
                 with episode.own_generators():
-                    episode.pending = agent, merge_roles(player.perceive_context(episode.env.observe(agent)))
+                    messages = merge_roles(player.perceive_context(episode.env.observe(agent)))
+                    episode.pending = agent, with_context_prefix(messages, episode.context_prefix)
             agent, messages = episode.pending
             return episode.env.player_by_agent_id[agent], messages
         except Exception as error:

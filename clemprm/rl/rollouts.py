@@ -33,6 +33,7 @@ class Turn:
     reward: float | None = None             # this turn's own reward (a per-turn source; None: the episode's)
     scores: dict | None = None              # the per-turn scores the game logged for this answer
     sampler_logprobs: list[float] | None = None   # per answer token, under the weights that sampled it
+    kl_sum: float | None = None             # the summed K3 of its tokens in the update that trained it
 
     @property
     def trained(self) -> bool:
@@ -93,8 +94,17 @@ def collect_groups(engine: RolloutEngine, policy, instances: list[Instance], gro
             episode_id = f"{game}/{experiment}/{game_id}/{g}"
             episodes.append(engine.start(instance, [policy], episode_id, derive_seed(base_seed, "rl", step, episode_id)))
             owner.append(index)
+    return play_groups(engine, policy, instances, episodes, owner, step=step, sampling=sampling, reward_of=reward_of,
+                       turn_reward_of=turn_reward_of)
+
+
+def play_groups(engine: RolloutEngine, policy, instances: list[Instance], episodes: list, owner: list[int], *,
+                step: int, sampling: Sampling, reward_of, turn_reward_of=None, label: str = "rollouts") -> list[Group]:
+    """Play the started ``episodes`` (episode ``i`` of instance ``owner[i]``) with ``policy`` in lockstep; return
+    one :class:`Group` per instance (its episodes in order), rewarded as :func:`collect_groups` says.
+    :func:`collect_groups` starts them; SCoRe's attempt builder starts attempt 2 episodes (:mod:`clemprm.rl.attempts`)."""
     played: list[list[tuple[str, Turn]]] = [[] for _ in episodes]
-    progress = Progress(len(episodes), f"rl step {step} rollouts")
+    progress = Progress(len(episodes), f"rl step {step} {label}")
     live = [i for i, episode in enumerate(episodes) if not episode.done]
     while live:
         proposals = engine.propose([episodes[i] for i in live], 1, sampling)

@@ -212,7 +212,8 @@ def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, nor
             turn_value, k3 = turn_loss(logp, reference, advantages, beta, normaliser, sampler)
             turn_value.backward()
             loss_sum += float(turn_value.detach())
-            k3_sum += float(k3.sum())
+            turn.kl_sum = float(k3.sum())
+            k3_sum += turn.kl_sum
             trained_tokens += len(turn.completion_ids)
             trained_turns += 1
     stats = {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
@@ -282,7 +283,8 @@ def record_sampler_logprobs(model, groups: list[Group], compute_dtype=None) -> N
 class RLTrainer:
     """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
 
-    def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog):
+    def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog, *, objective=None,
+                 reward_of=None):
         from clemprm.models.generation import PolicyModel
         from clemprm.models.loader import resolve_dtype
         from clemprm.stages.sft import device_name
@@ -296,11 +298,12 @@ class RLTrainer:
         self.policy = PolicyModel(model_cfg, name=f"{model_cfg.short_name}+rl", tokenizer=tokenizer, model=model,
                                   temperature=rl["temperature"], top_p=rl["top_p"], max_new_tokens=rl["max_new_tokens"])
         self.engine = RolloutEngine(catalog, self.sampling)
-        self.turn_reward_of = turn_reward_function(rl["reward"])
-        self.reward_of = None if self.turn_reward_of is not None else reward_function(rl["reward"])
+        # SCoRe passes its own episode reward (clemprm.rl.score); a per-turn source of rl.reward rewards each turn
+        self.turn_reward_of = None if reward_of else turn_reward_function(rl["reward"])
+        self.reward_of = reward_of or (None if self.turn_reward_of else reward_function(rl["reward"]))
         self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
         self.scheduler = make_scheduler(self.optimizer, rl)
-        self.objective = self._objective()
+        self.objective = objective or self._objective()   # SCoRe passes its stage's objective
 
     def _objective(self):
         algorithm = self.rl["algorithm"]

@@ -1,0 +1,200 @@
+"""Eval mode ``self_correct``: two greedy attempts per instance, for the SFT and the SCoRe policy, and its summary.
+
+Playing (:func:`evaluate_self_correct`): per ``eval.split`` instance of ``score.games`` (``eval.episodes_per_instance``
+times) attempt 1 is an episode as every eval mode plays it (the same episode ids and seeds: the SFT policy's
+attempt 1 is ``greedy_sft``'s episode), then attempt 2 starts from it (:mod:`clemprm.rl.attempts`), both greedy; once
+with the SFT policy (``model`` + the SFT adapter), once with the SCoRe policy (+ ``results/score/adapter``). Rows:
+:data:`clemprm.records.SELF_CORRECT_EPISODES` (the eval episode columns, ``attempt`` 1 or 2, ``policy_role`` sft or
+score); an attempt pair shares its ``episode_id``.
+
+Summary (:func:`self_correction_summary`, ``self_correction`` in ``results/prm_eval.json``): the SCoRe paper's table
+per policy, per game and overall (the macro average over games): Accuracy@t1 and Accuracy@t2 (success rate, %),
+delta(t1, t2) = Accuracy@t2 - Accuracy@t1, delta i->c (% of episodes wrong at t1 and right at t2), delta c->i (% right
+at t1 and wrong at t2; delta(t1, t2) = delta i->c - delta c->i), plus % played and quality (mean BENCH_SCORE of the
+played episodes) per attempt; each with the eval's percentile bootstrap interval over instances resampled within each
+game (:func:`clemprm.evaluation.evaluate.bootstrap_weights`), and SCoRe minus SFT on each with paired draws.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+from clemprm import records
+from clemprm.play.catalog import GameCatalog
+from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
+from clemprm.config import provenance
+from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
+from clemprm.search import greedy_cost
+
+log = logging.getLogger(__name__)
+
+MODE = "self_correct"
+ROLES = ("sft", "score")
+METRICS = ("accuracy_t1", "accuracy_t2", "delta_t1_t2", "delta_i_to_c", "delta_c_to_i", "percent_played_t1",
+           "percent_played_t2", "quality_t1", "quality_t2")
+OVERALL = "overall"
+
+
+def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, settings: dict) -> list[dict]:
+    """Attempt 1, then attempt 2, of every instance with ``policy``, greedy; the rows of both."""
+    eval_settings, seed = settings["eval"], settings["seed"]
+    first = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"], base_seed=seed,
+                             stage="eval")
+    engine.run(first, label=f"{MODE} {role} attempt 1")
+    first_rows = [episode.record(policy.name, engine.sampling) for episode in first]
+    second = [start_second_attempt(engine, episode.instance, [policy], row, row["episode_id"],
+                                   derive_seed(seed, "eval attempt 2", row["episode_id"]),
+                                   settings["score"]["instruction"])
+              for episode, row in zip(first, first_rows)]
+    engine.run(second, label=f"{MODE} {role} attempt 2")
+    rows = []
+    for attempt, episodes, attempt_rows in ((1, first, first_rows),
+                                            (2, second, [e.record(policy.name, engine.sampling) for e in second])):
+        for episode, row in zip(episodes, attempt_rows):
+            cost = greedy_cost(episode)
+            rows.append({**row, "mode": MODE, "policy_tokens": cost.policy_tokens, "prm_pairs": 0,
+                         "search_nodes": cost.nodes, "attempt": attempt, "policy_role": role})
+    return rows
+
+
+def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = None, *, sft_adapter: str | None,
+                          score_adapter: str | None, policies: dict | None = None,
+                          on_failure: str = "stop") -> list[dict]:
+    """Play mode ``self_correct`` (module docstring) and write its parquet. ``settings``: the mode's eval params +
+    ``score`` (its games and instruction). ``policies`` ({"sft": ..., "score": ...}) replaces the loaded policies
+    (tests)."""
+    from clemprm.stages.labels import sft_policy_settings
+    from clemprm.stages.rollouts import load_policy
+
+    check_single_player_games(settings)
+    eval_settings = settings["eval"]
+    catalog = GameCatalog(score_games_config(settings["games"], settings["score"]["games"]))
+    marks = check_instances(f"eval {MODE}", catalog, eval_settings["split"], on_failure)
+    instances = catalog.all_instances(eval_settings["split"])
+    engine = RolloutEngine(catalog, Sampling(0.0, 1.0, eval_settings["max_new_tokens"]))
+    adapters = {"sft": sft_adapter, "score": score_adapter}
+    rows, run_policies = [], {}
+    start = time.perf_counter()
+    for role in ROLES:
+        if policies is not None:
+            policy = policies[role]
+        elif not adapters[role]:
+            raise ValueError(f"eval mode {MODE} plays the {role} policy: give its adapter folder")
+        else:
+            policy = load_policy(sft_policy_settings(settings["model"], adapters[role]), cache_dir)
+        log.info("eval %s: %s policy %s, %d %s instances x %d episodes x 2 attempts", MODE, role, policy.name,
+                 len(instances), eval_settings["split"], eval_settings["episodes_per_instance"])
+        role_start = time.perf_counter()
+        played = play_two_attempts(engine, policy, instances, role=role, settings=settings)
+        rows += played
+        stats = getattr(policy, "stats", None)
+        run_policies[role] = {"name": policy.name, "adapter": adapters[role],
+                              "wall_seconds": round(time.perf_counter() - role_start, 3),
+                              "stats": stats.as_dict() if hasattr(stats, "as_dict") else None}
+        marks += check_episodes(f"eval {MODE} ({role})", played, on_failure)
+        del policy
+    seconds = time.perf_counter() - start
+    summary = self_correction_summary(rows, samples=1, seed=settings["seed"], ci=0.95)
+    for role, entry in summary["policies"].items():
+        overall = entry["results"][OVERALL]
+        log.info("eval %s %s: accuracy t1 %.1f%% -> t2 %.1f%% (i->c %.1f, c->i %.1f), played %.1f%% -> %.1f%%", MODE,
+                 role, *(overall[metric]["value"] or 0.0 for metric in
+                         ("accuracy_t1", "accuracy_t2", "delta_i_to_c", "delta_c_to_i", "percent_played_t1",
+                          "percent_played_t2")))
+    run = {"mode": MODE, "wall_seconds": round(seconds, 3), "policies": run_policies}
+    records.write_records(output, rows, records.SELF_CORRECT_EPISODES,
+                          {**provenance(settings), "run": run, **marks_metadata(marks)})
+    log.info("eval %s -> %s", MODE, output)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+
+def pair_table(rows: list[dict]) -> pd.DataFrame:
+    """Per instance ``(game, experiment, game_id)``, sorted: attempt pairs, and per attempt the played episodes,
+    their summed BENCH_SCORE and the successes, plus the pairs wrong -> right and right -> wrong."""
+    attempts = {(row["episode_id"], row["attempt"]): row for row in rows}
+    pairs = [(row, attempts[(row["episode_id"], 2)]) for row in rows
+             if row["attempt"] == 1 and (row["episode_id"], 2) in attempts]
+    frame = pd.DataFrame({
+        "game": [a["game"] for a, _ in pairs], "experiment": [a["experiment"] for a, _ in pairs],
+        "game_id": [a["game_id"] for a, _ in pairs], "episodes": [1] * len(pairs),
+        **{f"{what}{t}": [value(pair[t - 1]) for pair in pairs] for t in (1, 2) for what, value in (
+            ("played", lambda row: not row["aborted"]),
+            ("score", lambda row: 0.0 if row["aborted"] else row["bench_score"]),
+            ("success", lambda row: bool(row["success"])))},
+        "i_to_c": [not a["success"] and bool(b["success"]) for a, b in pairs],
+        "c_to_i": [bool(a["success"]) and not b["success"] for a, b in pairs]})
+    return frame.groupby(["game", "experiment", "game_id"]).sum()
+
+
+def pair_metrics(table: pd.DataFrame, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The metrics of one game, one per row of ``weights`` (draws x instances)."""
+    sums = {column: weights @ table[column].to_numpy(float) for column in table.columns}
+    episodes = sums["episodes"]
+    metrics = {}
+    for t in (1, 2):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            metrics[f"quality_t{t}"] = np.where(sums[f"played{t}"] > 0, sums[f"score{t}"] / sums[f"played{t}"], np.nan)
+        metrics[f"percent_played_t{t}"] = 100 * sums[f"played{t}"] / episodes
+        metrics[f"accuracy_t{t}"] = 100 * sums[f"success{t}"] / episodes
+    metrics["delta_t1_t2"] = metrics["accuracy_t2"] - metrics["accuracy_t1"]
+    metrics["delta_i_to_c"] = 100 * sums["i_to_c"] / episodes
+    metrics["delta_c_to_i"] = 100 * sums["c_to_i"] / episodes
+    return metrics
+
+
+def macro_average(per_game: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Overall: every metric averaged over games (quality over the games where something was played)."""
+    overall = {}
+    for metric in METRICS:
+        stacked = np.vstack([metrics[metric] for metrics in per_game])
+        defined = ~np.isnan(stacked)
+        overall[metric] = np.where(defined.any(axis=0), np.nansum(stacked, axis=0) / np.maximum(defined.sum(axis=0), 1),
+                                   np.nan)
+    return overall
+
+
+def metric_draws(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
+    per_game = {game: pair_metrics(table, weights[game]) for game, table in tables.items()}
+    return {**per_game, OVERALL: macro_average(list(per_game.values()))}
+
+
+def self_correction_summary(rows: list[dict], samples: int, seed: int, ci: float) -> dict:
+    """The ``self_correction`` entry of ``results/prm_eval.json`` (module docstring) from the mode's rows."""
+    from clemprm.evaluation.evaluate import bootstrap_weights, interval, split_by_game
+
+    def estimate(tables: dict[str, pd.DataFrame], subtract: dict[str, pd.DataFrame] | None = None) -> dict:
+        ones = {game: np.ones((1, len(part))) for game, part in tables.items()}
+        weights = bootstrap_weights(tables, samples, seed)
+        points, draws = metric_draws(tables, ones), metric_draws(tables, weights)
+        if subtract is not None:   # paired: the same instances drawn for both
+            base_points, base_draws = metric_draws(subtract, ones), metric_draws(subtract, weights)
+            points = {g: {m: v - base_points[g][m] for m, v in ms.items()} for g, ms in points.items()}
+            draws = {g: {m: v - base_draws[g][m] for m, v in ms.items()} for g, ms in draws.items()}
+        result = {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in METRICS}
+                  for group in points}
+        for game, part in tables.items():
+            result[game].update(episodes=int(part["episodes"].sum()), instances=len(part))
+        result[OVERALL].update(episodes=int(sum(part["episodes"].sum() for part in tables.values())),
+                               instances=sum(len(part) for part in tables.values()))
+        return result
+
+    by_role = {role: [row for row in rows if row["policy_role"] == role] for role in ROLES}
+    tables = {role: split_by_game(pair_table(role_rows)) for role, role_rows in by_role.items() if role_rows}
+    summary = {"policies": {role: {"policy": by_role[role][0]["policy"], "results": estimate(tables[role])}
+                            for role in tables},
+               "difference": {}}
+    if set(tables) == set(ROLES):
+        sft, score = (pd.concat(tables[role].values()) for role in ROLES)
+        common = score.index.intersection(sft.index)
+        if not common.empty:
+            summary["difference"] = {"score_minus_sft": estimate(split_by_game(score.loc[common]),
+                                                                  split_by_game(sft.loc[common]))}
+    return summary

@@ -1,0 +1,8 @@
+from clemprm.workflow import setup_job
+
+setup_job(snakemake)
+
+from clemprm.rl import score  # noqa: E402  (after setup_job: offline mode is read at import)
+
+score.train_score(snakemake.params.settings, snakemake.input.sft_adapter, snakemake.output.adapter,
+                  snakemake.output.metrics, snakemake.config["cache_dir"])
