@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from clemprm import records
+from clemprm.config import rl_params
 from clemprm.stages import merge
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -34,8 +35,8 @@ def hanabi_rl_settings(spec: str = "tiny:0", **rl) -> dict:
     rl = {"data": "states", "lora": FRESH_LORA, "loss": "importance_sampling", "temperature": 1.0,
           "max_new_tokens": 16, "group_size": 3, "instances_per_step": 2, "steps": 1,
           "reward": {"source": "turn_scores", "turn_weights": WEIGHTS}, **rl}
-    config = tiny_config(model={"spec": spec}, games=HANABI, rl=rl)
-    return {name: config[name] for name in ("seed", "model", "games", "rl")}
+    config = tiny_config(model={"spec": spec}, games=HANABI, rl={"algorithms": ["grpo", "prime"], **rl})
+    return rl_params(config, "grpo")
 
 
 @pytest.fixture(scope="module")
