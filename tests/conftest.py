@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -66,6 +67,21 @@ def copy_of_run(run: CompletedRun, destination: Path) -> Path:
     """A copy of a completed run (mtimes and Snakemake's metadata kept, so it is just as up to date)."""
     shutil.copytree(run.workdir, destination, symlinks=True)
     return destination
+
+
+def train_tiny_sft(folder: Path, rows: list[dict], cache_dir: str) -> str:
+    """An SFT adapter of the tiny model trained hard on ``rows`` (playpen interaction rows), written to
+    ``folder/adapter``: a policy that has learnt those answers, for tests of what later stages do with it."""
+    from clemprm.stages import sft
+
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tiny_config(sft={"lr": 5e-3, "epochs": 4, "batch_size": 8, "grad_accum": 1, "warmup_ratio": 0.0,
+                              "max_examples": None, "validation_fraction": 0.0,
+                              "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}})
+    settings = {name: config[name] for name in ("seed", "model", "sft")}
+    sft.train_sft(settings, str(folder / "data.jsonl"), str(folder / "adapter"), str(folder / "metrics.json"),
+                  cache_dir)
+    return str(folder / "adapter")
 
 
 def tiny_config(**overrides) -> dict:

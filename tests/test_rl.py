@@ -12,7 +12,6 @@ import torch
 
 from clemprm import records
 from clemprm.evaluation import evaluate
-from clemprm.stages import sft
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.config import eval_mode_params, rl_params
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -21,7 +20,7 @@ from clemprm.rl import grpo, prime, trainer
 from clemprm.rl.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, selective_log_softmax, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, train_tiny_sft
 
 # Only the answer 1 wins: one guess of a number from 1 to 2; "2" loses; anything else is a violation (abort).
 FORCED = Instance("guessnumber", "train", {"name": "forced", "parse_mode": "lenient", "max_number": 2,
@@ -294,14 +293,7 @@ def half_and_half_sft(tmp_path_factory, forced_prompt, test_cache_dir):
     rows = [{"messages": forced_prompt + [{"role": "assistant", "content": f"GUESS: {1 + i % 2}"}],
              "meta": {"game": "guessnumber", "experiment": "forced", "task_id": i, "player_name": "Player 1",
                       "game_role": "Guesser", "model": "test", "outcome": "success"}} for i in range(16)]
-    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = tiny_config(sft={"lr": 5e-3, "epochs": 4, "batch_size": 8, "grad_accum": 1, "warmup_ratio": 0.0,
-                              "max_examples": None, "validation_fraction": 0.0,
-                              "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}})
-    settings = {name: config[name] for name in ("seed", "model", "sft")}
-    sft.train_sft(settings, str(folder / "data.jsonl"), str(folder / "adapter"), str(folder / "metrics.json"),
-                  test_cache_dir)
-    return str(folder / "adapter")
+    return train_tiny_sft(folder, rows, test_cache_dir)
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "prime"])

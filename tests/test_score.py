@@ -13,7 +13,6 @@ import torch
 
 from clemprm import records
 from clemprm.evaluation import evaluate
-from clemprm.stages import sft
 from clemprm.play.catalog import GameCatalog
 from clemprm.config import eval_mode_params
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -22,7 +21,7 @@ from clemprm.rl.attempts import (check_single_player_games, single_player_proble
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
 from clemprm.rl.self_correction import METRICS, evaluate_self_correct, self_correction_summary
-from tests.conftest import binary_search_answer, tiny_config
+from tests.conftest import binary_search_answer, tiny_config, train_tiny_sft
 from tests.test_rl import FORCED, random_adapter, tokens
 
 INSTRUCTION = "Correct your mistakes, if any."
@@ -235,14 +234,7 @@ def half_and_half_sft(tmp_path_factory, forced_prompts, test_cache_dir):
              "meta": {"game": "guessnumber", "experiment": "forced", "task_id": 10 * k + i, "player_name": "Player 1",
                       "game_role": "Guesser", "model": "test", "outcome": "success"}}
             for k, prompt in enumerate(forced_prompts.values()) for i in range(8)]
-    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = tiny_config(sft={"lr": 5e-3, "epochs": 4, "batch_size": 8, "grad_accum": 1, "warmup_ratio": 0.0,
-                              "max_examples": None, "validation_fraction": 0.0,
-                              "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}})
-    settings = {name: config[name] for name in ("seed", "model", "sft")}
-    sft.train_sft(settings, str(folder / "data.jsonl"), str(folder / "adapter"), str(folder / "metrics.json"),
-                  test_cache_dir)
-    return str(folder / "adapter")
+    return train_tiny_sft(folder, rows, test_cache_dir)
 
 
 def test_score_steps_raise_success_at_attempt_two_on_a_forced_game(half_and_half_sft, forced_prompts, test_cache_dir):
