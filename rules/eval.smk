@@ -190,13 +190,18 @@ rule beam_search_logprob:
 def upstream_stage_outputs(wc):
     """The outputs of the earlier stages the configured modes are built from, whose failure marks (on_failure:
     continue) the summary carries (prm_eval.json's upstream_warnings): every mode but greedy_base plays a policy
-    trained from the base rollouts; the PRM modes also rank by a PRM trained on the soft labels."""
+    trained from the base rollouts; the PRM modes also rank by a PRM trained on the soft labels; the RL modes play
+    the RL stage's policies."""
     modes = set(config["eval"]["modes"])
     outputs = []
     if modes - {"greedy_base"}:
         outputs += ["results/rollouts/base_train.parquet", "results/sft/metrics.json"]
     if modes & set(EVAL_PRM_MODES):
         outputs += ["results/labels/branch_points.parquet", "results/labels/soft_labels.parquet"]
+    # the RL policies the greedy_rl_<algorithm> modes play (best_of_n_implicit: PRIME's implicit PRM)
+    algorithms = {mode.removeprefix("greedy_rl_") for mode in modes if mode.startswith("greedy_rl_")}
+    algorithms |= {"prime"} if "best_of_n_implicit" in modes else set()
+    outputs += [f"results/rl/{algorithm}/metrics.json" for algorithm in sorted(algorithms)]
     return outputs
 
 

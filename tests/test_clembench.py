@@ -21,13 +21,14 @@ import pytest
 import yaml
 
 from clemprm import records
-from clemprm.evaluation import evaluate, report
-from clemprm.stages import labels, rollouts, sft
-from clemprm.play.catalog import GameCatalog
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-from clemprm.checks.run_time import CONDITIONS, StageFailure, check_instances
-from clemprm.config import eval_mode_params, load_config, sections
+from clemprm.checks.run_time import CONDITIONS, StageFailure, check_instances, read_failure_marks
+from clemprm.config import eval_mode_params, load_config, rl_params, sections
+from clemprm.evaluation import evaluate, report
+from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.rl import trainer as rl_trainer
+from clemprm.stages import labels, rollouts, sft
 from tests.conftest import tiny_config
 
 # One legacy game master, configured by the flags it is written with. Every round the player answers; an answer
@@ -472,6 +473,24 @@ def test_every_episode_of_a_game_failing_stops_base_rollouts(checkout, scripted_
     assert output.exists() and {row["game"] for row in rows if row["error"] is not None} == {"broken_setup"}
 
 
+def test_every_episode_of_a_game_failing_stops_the_rl_stage(checkout, tmp_path, test_cache_dir):
+    """A fresh LoRA (no SFT stage needed) on the tiny model: step 0's rollouts of broken_setup all fail."""
+    lora = {"r": 2, "alpha": 2, "dropout": 0.0, "target_modules": ["q_proj"]}
+    config = config_for(checkout, ["broken_setup", "pair"])
+    config["rl"].update(lora=lora, steps=1, group_size=2, max_new_tokens=4)
+    settings = rl_params(config, "grpo")
+    paths = [str(tmp_path / name) for name in ("adapter", "metrics.json")]
+    with pytest.raises(StageFailure, match=r"rl_adapter \(grpo\) step 0: every episode of game broken_setup: "
+                                           r"(\d+) of \1 episodes failed, first error: .*ValueError: math domain error"):
+        rl_trainer.train_rl(settings, None, *paths, test_cache_dir)
+    assert not (tmp_path / "metrics.json").exists()
+    metrics = rl_trainer.train_rl(settings, None, *paths, test_cache_dir, on_failure="continue")
+    mark, = read_failure_marks(tmp_path / "metrics.json")
+    assert (mark["stage"], mark["condition"], mark["game"]) == ("rl_adapter (grpo) step 0", "all_episodes_failed",
+                                                                "broken_setup")
+    assert metrics["history"][0]["errors"] == mark["count"] > 0
+
+
 def test_a_game_without_instances_in_a_split_stops_the_stage(checkout, tmp_path):
     listing = tmp_path / "instances.jsonl"
     listing.write_text(json.dumps({"game": "pair", "experiment": "plain", "task_id": 0, "split": "train"}) + "\n")
@@ -493,6 +512,23 @@ def test_no_wins_stops_the_sft_stage_before_loading_the_model(tmp_path):
     with pytest.raises(StageFailure, match=r"sft_adapter: no wins to fine-tune on \(0 player perspectives of won "
                                            r"episodes in .*sft_data.parquet, 0 successful rows of sft.extra_data\)"):
         sft.train_sft(settings, str(data), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"))
+
+
+def test_wins_too_long_to_train_on_stop_the_sft_stage(tmp_path, test_cache_dir):
+    data = tmp_path / "sft_data.parquet"
+    win = {"messages": [{"role": "user", "content": "a long prompt " * 40}, {"role": "assistant", "content": "A"}],
+           "meta": {"game": "g", "experiment": "e", "task_id": 0, "player_name": "Player 1", "game_role": "Guesser",
+                    "model": "test", "outcome": "success"}}
+    records.write_records(data, [win], records.INTERACTIONS, {})
+    config = tiny_config(sft={"max_length": 16, "extra_data": None})
+    settings = {name: config[name] for name in ("seed", "model", "sft")}
+    paths = [str(tmp_path / name) for name in ("adapter", "metrics.json")]
+    with pytest.raises(StageFailure, match=r"sft_adapter: no training examples \(1 wins, 1 of them too long for "
+                                           r"sft.max_length 16 even shortened\)"):
+        sft.train_sft(settings, str(data), *paths, test_cache_dir)
+    metrics = sft.train_sft(settings, str(data), *paths, test_cache_dir, on_failure="continue")
+    mark, = read_failure_marks(tmp_path / "metrics.json")
+    assert mark["condition"] == "no_training_examples" and metrics["status"].startswith("untrained")
 
 
 def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_them(checkout, scripted_policy,

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
-CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_branch_points", "no_soft_labels",
-              "no_label_variance")
+CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "no_branch_points",
+              "no_soft_labels", "no_label_variance")
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 

@@ -55,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from clemprm.checks.run_time import check_episodes, marks_metadata
 from clemprm.play.catalog import GameCatalog, Instance, _round_robin
 from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
 from clemprm.rl.grpo import GRPO, summary
@@ -284,7 +285,7 @@ class RLTrainer:
     """On-policy RL of the policy adapter of ``model`` on games of ``catalog`` (``settings``: seed, model, rl)."""
 
     def __init__(self, settings: dict, model_cfg, tokenizer, model, catalog: GameCatalog, *, objective=None,
-                 reward_of=None):
+                 reward_of=None, on_failure: str = "stop"):
         from clemprm.models.generation import PolicyModel
         from clemprm.models.loader import resolve_dtype
         from clemprm.stages.sft import device_name
@@ -304,6 +305,8 @@ class RLTrainer:
         self.optimizer = make_optimizer(adapter_parameters(model, POLICY_ADAPTER), rl, rl["lr"], self.device)
         self.scheduler = make_scheduler(self.optimizer, rl)
         self.objective = objective or self._objective()   # SCoRe passes its stage's objective
+        # a step whose rollouts of some game all failed stops the stage, unless on_failure: continue (then marked)
+        self.on_failure, self.failure_marks = on_failure, []
 
     def _objective(self):
         algorithm = self.rl["algorithm"]
@@ -360,8 +363,10 @@ class RLTrainer:
         start = time.perf_counter()
         groups = self.rollouts(instances, step)
         rollout_seconds = time.perf_counter() - start
-        update = self.update(groups)
         rows = [row for group in groups for row in group.rows]
+        self.failure_marks += check_episodes(f"rl_adapter ({self.rl['algorithm']}) step {step}", rows,
+                                             self.on_failure)
+        update = self.update(groups)
         rewards = [reward for group in groups for reward in group.rewards()]
         turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
         metrics = {
@@ -399,10 +404,11 @@ def save_adapters(model, spec: str, adapter_names: list[str], adapter_dir: Path)
 
 
 def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_path: str,
-             cache_dir: str | None = None, states: str | None = None) -> dict:
+             cache_dir: str | None = None, states: str | None = None, on_failure: str = "stop") -> dict:
     """The ``rl_adapter`` stage: RL of the SFT policy (or, ``rl.lora``, of a fresh LoRA) on the train split of
     every configured game, or (``rl.data: states``) on the prompt set ``states``; writes the policy adapter (and,
-    for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics.
+    for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics. A step in which every episode
+    of a game failed stops the stage (``on_failure: continue``: the metrics record it, :mod:`clemprm.checks.run_time`).
     ``settings`` is the rule's params (:func:`clemprm.config.rl_params`): seed, model, games, rl, where
     ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``)."""
     from clemprm.models.loader import resolve_quantization
@@ -431,7 +437,7 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
                                      int(settings["seed"]))
     cfg, tokenizer, model = load_training_model(settings["model"], sft_adapter, cache_dir,
                                                 implicit_prm=rl["algorithm"] == "prime", lora=rl["lora"])
-    trainer = RLTrainer(settings, cfg, tokenizer, model, catalog)
+    trainer = RLTrainer(settings, cfg, tokenizer, model, catalog, on_failure=on_failure)
     log.info("rl %s: %d steps x %d %s x %d %s, %s loss, policy %s from %s", rl["algorithm"], rl["steps"],
              rl["instances_per_step"], "states" if rl["data"] == "states" else "instances", rl["group_size"],
              "answers" if rl["data"] == "states" else "episodes", rl["loss"], trainer.policy.name,
@@ -446,7 +452,8 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
                          "dtype": str(trainer.compute_dtype)},
                "implicit_prm_adapter": "prm" if rl["algorithm"] == "prime" else None,
                "data": {"kind": rl["data"], "states": states}, "loss": rl["loss"],
-               "history": steps, "generation": trainer.policy.stats.as_dict()}
+               "history": steps, "generation": trainer.policy.stats.as_dict(),
+               **marks_metadata(trainer.failure_marks)}
     finish_metrics(metrics, start, settings, metrics_path)
     log.info("rl %s: %d steps in %.0f s; reward %s -> %s; adapter %s", rl["algorithm"], len(steps),
              metrics["seconds"], steps[0]["reward"]["mean"] if steps else None,

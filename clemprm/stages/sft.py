@@ -442,6 +442,10 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     validation_keys = split_instances([e.key for e in examples], sft["validation_fraction"], seed)
     train = [e for e in examples if e.key not in validation_keys]
     validation = [e for e in examples if e.key in validation_keys]
+    if not marks:   # wins, but no pair to train on: every one too long for sft.max_length (validation never takes all)
+        marks = check_not_empty("sft_adapter", "training examples", len(train),
+                                f"{sum(map(len, rows.values()))} wins, {too_long} of them too long for sft.max_length "
+                                f"{sft['max_length']} even shortened", on_failure, condition="no_training_examples")
     available = len(train)
     train = sample_at_most(train, sft["max_examples"], seed)
     validation = sample_at_most(validation, sft["max_examples"], seed + 1)
