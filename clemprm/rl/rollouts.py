@@ -169,7 +169,8 @@ def collect_state_groups(engine: RolloutEngine, policy, states: list[tuple[Insta
             engine.apply(episode, generation)
         group = groups[owner[i]]
         row = (episode.record(policy.name, sampling) if episode.done else
-               {"episode_id": episode.episode_id, "success": False, "aborted": False, "error": None})
+               {"episode_id": episode.episode_id, "game": group.instance.key[0], "success": False, "aborted": False,
+                "error": None})
         group.rows.append(row)
         sequence = Sequence(episode.episode_id, "", success=bool(row["success"]))
         if len(episode.turns) > before and candidates and candidates[0].token_ids:
