@@ -117,7 +117,8 @@ def test_process_advantages_follow_the_normalised_leave_one_out_returns():
 
 
 def test_process_advantages_are_zero_below_the_std_threshold():
-    # sequence returns 0.300, 0.302, 0.301 after normalisation by the largest (0.302): std ~ 0.003 < 0.01
+    # sequence returns (raw: the threshold is absolute, not relative to the batch's largest) 0.300, 0.302, 0.301:
+    # std ~ 0.0008 < 0.01
     group, rewards = _process_group([[[0.1, 0.2]], [[0.151, 0.151]], [[0.3, 0.001]]])
     advantages, stats = prime.process_advantages([group], rewards, std_threshold=0.01)
     assert stats["zeroed_cohorts"] == 1
@@ -125,6 +126,14 @@ def test_process_advantages_are_zero_below_the_std_threshold():
     advantages, stats = prime.process_advantages([group], rewards, std_threshold=1e-4)
     assert stats["zeroed_cohorts"] == 0 and any(value != 0.0 for values in advantages.values() for value in values)
 
+
+
+def test_the_std_threshold_is_absolute_so_a_prm_at_chance_gives_no_process_advantages():
+    # returns -1e-4, 3e-4, -1e-4: as a share of the largest they spread widely (std 0.6), as logits they are noise
+    group, rewards = _process_group([[[1e-4, -2e-4]], [[3e-4]], [[-1e-4]]])
+    advantages, stats = prime.process_advantages([group], rewards, std_threshold=0.01)
+    assert stats["zeroed_cohorts"] == 1
+    assert all(value == 0.0 for values in advantages.values() for value in values)
 
 # -------------------------------------------------------------------------------------------- log-probs
 

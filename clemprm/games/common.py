@@ -162,6 +162,18 @@ def handle_violation(master, player, error, reprompt: str) -> None:
         master.set_context_for(player, reprompt)
 
 
+def log_outcome(master, *, aborted: bool, success: bool, lose: bool | None = None) -> None:
+    """A game master's ``_on_after_game`` outcome keys: clemcore's Aborted, Lose and Success, each 0 or 1.
+
+    An aborted episode is neither lost nor won. ``lose`` defaults to "ended, not aborted, not won"; a game
+    that can be closed before its end (guessnumber) passes its own flag, so an unfinished episode logs 0/0/0."""
+    from clemcore.clemgame.metrics import METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS  # keeps this module clemcore-free
+    lose = not success if lose is None else lose
+    master.log_key(METRIC_ABORTED, int(aborted))
+    master.log_key(METRIC_LOSE, int(lose and not aborted))
+    master.log_key(METRIC_SUCCESS, int(success and not aborted))
+
+
 def options_reason(options: Sequence[str]) -> str:
     """The reprompt reason for an answer naming none of the options."""
     return f"name one of the words {', '.join(options)}"

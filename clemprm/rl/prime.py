@@ -19,10 +19,12 @@ Process advantages (:func:`process_advantages`), per cohort: the sequences of on
     3. the process advantage of token t: ``sum_{s >= t} r'_s`` over the sequence's later tokens (gamma 1), across
        its turns;
     4. the *process advantage std threshold*, which no reference code defines: when the standard deviation of
-       the cohort's process returns (each sequence's sum of normalised token rewards) is below
-       ``rl.prime.process_std_threshold`` (1e-2 of the batch's largest return), the implicit PRM does not tell
-       the cohort's sequences apart and its advantages are zero for the whole cohort (what would be left is
-       noise, amplified by the baseline).
+       the cohort's process returns (each sequence's sum of token rewards ``beta * sum_t q_t``, i.e. the implicit
+       PRM's own logit, before step 1's normalisation) is below ``rl.prime.process_std_threshold`` (1e-2), the
+       implicit PRM does not tell the cohort's sequences apart and its advantages are zero for the whole cohort.
+       The threshold is absolute on purpose: measured after the normalisation it would be scale-free, and a PRM
+       still at chance (returns of about 1e-3 after its first update) would get process advantages as large as the
+       outcome advantages (std 0.33 measured on the embedded default), i.e. noise.
     Combined: ``A_t = A_outcome + A_process_t`` (the issue's formula; no final whitening).
 
 Group-accuracy filter (PRIME-RL/PRIME's prompt filter, ``rl.prime.accuracy_filter``, ``[0.2, 0.8]``; null: off)
@@ -133,8 +135,8 @@ def process_advantages(groups: list[Group], token_rewards: dict[int, torch.Tenso
             if not cohort:
                 continue
             cohorts += 1
-            rewards = [flat(sequence) * scale for sequence in cohort]
-            returns = [float(r.sum()) for r in rewards]
+            raw = [flat(sequence) for sequence in cohort]
+            returns = [float(r.sum()) for r in raw]
             n = len(cohort)
             spread = math.sqrt(sum((x - sum(returns) / n) ** 2 for x in returns) / n)
             if n < 2 or spread < std_threshold:
@@ -143,6 +145,7 @@ def process_advantages(groups: list[Group], token_rewards: dict[int, torch.Tenso
                     for turn in sequence.turns:
                         advantages[id(turn)] = [0.0] * len(turn.completion_ids)
                 continue
+            rewards = [r * scale for r in raw]
             baseline = sum(float(r.mean()) for r in rewards) / (n - 1)
             for sequence, r in zip(cohort, rewards):
                 per_token = reverse_cumsum(r * n / (n - 1) - baseline).tolist()

@@ -22,11 +22,11 @@ import numpy as np
 from clemcore.clemgame import GameBenchmark, GameSpec, Player
 from clemcore.clemgame.legacy.master import DialogueGameMaster
 from clemcore.clemgame.legacy.scorer import GameScorer
-from clemcore.clemgame.metrics import (BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_REQUEST_COUNT,
+from clemcore.clemgame.metrics import (BENCH_SCORE, METRIC_ABORTED, METRIC_REQUEST_COUNT,
                                        METRIC_REQUEST_COUNT_PARSED, METRIC_REQUEST_COUNT_VIOLATED, METRIC_SUCCESS)
 
-from clemprm.games.common import (MAX_CONSECUTIVE_VIOLATIONS, format_line, get_parse_mode, parse_integer,
-                                  reprompt_text)
+from clemprm.games.common import (MAX_CONSECUTIVE_VIOLATIONS, format_line, get_parse_mode, log_outcome,
+                                  parse_integer, reprompt_text)
 
 TAG = "GUESS"
 ANSWER_FORMAT = format_line(TAG, "number")
@@ -166,9 +166,7 @@ class GuessNumber(DialogueGameMaster):
         return 100 / (len(self.guesses) + 1) / (high - low + 1)
 
     def _on_after_game(self):
-        self.log_key(METRIC_ABORTED, int(self.aborted))
-        self.log_key(METRIC_LOSE, int(self.lose and not self.aborted))
-        self.log_key(METRIC_SUCCESS, int(self.success and not self.aborted))
+        log_outcome(self, aborted=self.aborted, success=self.success, lose=self.lose)
         self.log_key(METRIC_REQUEST_COUNT, self.request_count)
         self.log_key(METRIC_REQUEST_COUNT_PARSED, self.parsed_request_count)
         self.log_key(METRIC_REQUEST_COUNT_VIOLATED, self.violated_request_count)
@@ -179,9 +177,6 @@ class GuessNumber(DialogueGameMaster):
 
 
 class GuessNumberScorer(GameScorer):
-
-    def __init__(self, game_name: str, experiment: dict, game_instance: dict):
-        super().__init__(game_name, experiment, game_instance)
 
     def score_turns(self, episode_interactions: dict) -> None:
         for turn_idx, turn in enumerate(episode_interactions["turns"]):
@@ -206,9 +201,6 @@ class GuessNumberScorer(GameScorer):
 
 
 class GuessNumberBenchmark(GameBenchmark):
-
-    def __init__(self, game_spec: GameSpec):
-        super().__init__(game_spec)
 
     def create_game_master(self, experiment: dict, player_models: list) -> DialogueGameMaster:
         return GuessNumber(self.game_spec, experiment, player_models)

@@ -74,7 +74,6 @@ def reachable_ranks(state: HanabiState) -> dict[str, int]:
 
 def _hint_news(state: HanabiState, move: Move) -> int:
     """How many of the partner's cards would learn something from the hint ``move``."""
-    config = state.config
     news = 0
     for hc in state.hands[state.partner]:
         if move.kind == "hint_colour":

@@ -21,9 +21,9 @@ import numpy as np
 
 from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, GameSpec, ParseError, Player
 from clemcore.clemgame.master import Outcome
-from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
+from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED
 
-from clemprm.games.common import get_parse_mode, handle_violation
+from clemprm.games.common import get_parse_mode, handle_violation, log_outcome
 from clemprm.games.hanabi.bot import bot_move, ideal_deduction, move_rating, move_values
 from clemprm.games.hanabi.protocol import answer_text, deduction_scores, parse_answer, reprompt, state_prompt
 from clemprm.games.hanabi.rewards import REWARD_KEYS, ROUND_SCORE_NAMES, TURN_SCORES_EVENT, turn_scores_of
@@ -122,20 +122,13 @@ class Hanabi(DialogueGameMaster):
         return 100 * self.game.score() / self.deck_config.max_score
 
     def _on_after_game(self):
-        aborted = self.state.outcome is Outcome.ABORTED
-        success = self.state.outcome is Outcome.SUCCESS
-        self.log_key(METRIC_ABORTED, int(aborted))
-        self.log_key(METRIC_LOSE, int(not aborted and not success))
-        self.log_key(METRIC_SUCCESS, int(success))
+        log_outcome(self, aborted=self.state.outcome is Outcome.ABORTED, success=self.state.outcome is Outcome.SUCCESS)
         self.log_key(KEY_SCORE, self.game.score())
         self.log_key(KEY_MAX_SCORE, self.deck_config.max_score)
         self.log_key(KEY_MOVES, list(self.moves))
 
 
 class HanabiScorer(GameScorer):
-
-    def __init__(self, game_name: str, experiment: dict, game_instance: dict):
-        super().__init__(game_name, experiment, game_instance)
 
     def compute_round_score(self, round_idx, round_events: list[dict]) -> None:
         for event in round_events:
@@ -155,9 +148,6 @@ class HanabiScorer(GameScorer):
 
 
 class HanabiBenchmark(GameBenchmark):
-
-    def __init__(self, game_spec: GameSpec):
-        super().__init__(game_spec)
 
     def create_game_master(self, experiment: dict, player_models: list) -> DialogueGameMaster:
         return Hanabi(self.game_spec, experiment, player_models)

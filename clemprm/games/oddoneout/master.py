@@ -14,9 +14,9 @@ import numpy as np
 
 from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, GameSpec, ParseError, Player
 from clemcore.clemgame.master import Outcome
-from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
+from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_SUCCESS
 
-from clemprm.games.common import (handle_violation, format_line, get_parse_mode, options_reason,
+from clemprm.games.common import (format_line, get_parse_mode, handle_violation, log_outcome, options_reason,
                                   parse_option, reprompt_text)
 
 TAG = "ANSWER"
@@ -108,19 +108,12 @@ class OddOneOut(DialogueGameMaster):
         return not self.reprompted
 
     def _on_after_game(self):
-        aborted = self.state.outcome is Outcome.ABORTED
-        success = self.state.outcome is Outcome.SUCCESS
-        self.log_key(METRIC_ABORTED, int(aborted))
-        self.log_key(METRIC_LOSE, int(not aborted and not success))
-        self.log_key(METRIC_SUCCESS, int(success))
+        log_outcome(self, aborted=self.state.outcome is Outcome.ABORTED, success=self.state.outcome is Outcome.SUCCESS)
         self.log_key(KEY_TARGET, self.odd_word)
         self.log_key(KEY_ANSWERS, list(self.answers))
 
 
 class OddOneOutScorer(GameScorer):
-
-    def __init__(self, game_name: str, experiment: dict, game_instance: dict):
-        super().__init__(game_name, experiment, game_instance)
 
     def compute_round_score(self, round_idx, round_events: list[dict]) -> None:
         for event in round_events:
@@ -141,9 +134,6 @@ class OddOneOutScorer(GameScorer):
 
 
 class OddOneOutBenchmark(GameBenchmark):
-
-    def __init__(self, game_spec: GameSpec):
-        super().__init__(game_spec)
 
     def create_game_master(self, experiment: dict, player_models: list) -> DialogueGameMaster:
         return OddOneOut(self.game_spec, experiment, player_models)

@@ -24,11 +24,10 @@ import numpy as np
 
 from clemcore.clemgame import DialogueGameMaster, GameBenchmark, GameScorer, GameSpec, ParseError, Player
 from clemcore.clemgame.master import Outcome
-from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_LOSE, METRIC_SUCCESS
+from clemcore.clemgame.metrics import BENCH_SCORE, METRIC_ABORTED, METRIC_SUCCESS
 
-from clemprm.games.common import (handle_violation, first_tagged_value, format_line, get_parse_mode,
-                                  mentions_word, options_reason, parse_free_text, parse_option,
-                                  reprompt_text)
+from clemprm.games.common import (first_tagged_value, format_line, get_parse_mode, handle_violation, log_outcome,
+                                  mentions_word, options_reason, parse_free_text, parse_option, reprompt_text)
 
 DESCRIPTION_TAG = "DESCRIPTION"
 ANSWER_TAG = "ANSWER"
@@ -172,20 +171,13 @@ class WordRef(DialogueGameMaster):
         return not self.reprompted and self._current_player_idx == 0
 
     def _on_after_game(self):
-        aborted = self.state.outcome is Outcome.ABORTED
-        success = self.state.outcome is Outcome.SUCCESS
-        self.log_key(METRIC_ABORTED, int(aborted))
-        self.log_key(METRIC_LOSE, int(not aborted and not success))
-        self.log_key(METRIC_SUCCESS, int(success))
+        log_outcome(self, aborted=self.state.outcome is Outcome.ABORTED, success=self.state.outcome is Outcome.SUCCESS)
         self.log_key(KEY_TARGET, self.target)
         self.log_key(KEY_DESCRIPTION, self.description)
         self.log_key(KEY_GUESS, self.guess)
 
 
 class WordRefScorer(GameScorer):
-
-    def __init__(self, game_name: str, experiment: dict, game_instance: dict):
-        super().__init__(game_name, experiment, game_instance)
 
     def compute_round_score(self, round_idx, round_events: list[dict]) -> None:
         for event in round_events:
@@ -206,9 +198,6 @@ class WordRefScorer(GameScorer):
 
 
 class WordRefBenchmark(GameBenchmark):
-
-    def __init__(self, game_spec: GameSpec):
-        super().__init__(game_spec)
 
     def create_game_master(self, experiment: dict, player_models: list) -> DialogueGameMaster:
         return WordRef(self.game_spec, experiment, player_models)
