@@ -74,3 +74,23 @@ def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():
     assert "algorithms" not in grpo["rl"] and "prime" not in grpo["rl"] and prime["rl"]["prime"] == config["rl"]["prime"]
     changed = load_config(overrides={"rl": {"prime": {"lr": 1e-3}, "algorithms": ["prime", "grpo"]}})
     assert rl_params(changed, "grpo") == grpo and rl_params(changed, "prime") != prime
+
+
+def test_documented_snakemake_commands_name_no_target_after_configfile():
+    """snakemake's ``--configfile`` takes every following word as a config file, so a target written after it fails
+    with "No such file" for the target: every command in the README and the config files puts targets before it
+    or ends the file list with ``--``."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    documents = [repo / "README.md", *sorted((repo / "configs").glob("*.yaml"))]
+    commands = [(path.name, match.group(0)) for path in documents
+                for match in re.finditer(r"snakemake [^\n`#(]*--configfile[^\n`#(]*", path.read_text())]
+    assert len(commands) >= 4
+    for name, command in commands:
+        words = shlex.split(command)
+        files = words[words.index("--configfile") + 1:]
+        files = files[:next((i for i, word in enumerate(files) if word.startswith("-")), len(files))]
+        assert files and all(word.endswith((".yaml", ".yml", ".json")) for word in files), (name, command)
