@@ -194,9 +194,11 @@ def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_
     short = [{"role": "user", "content": "Guess a number."}]
     long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
     pairs = [(short, "GUESS: 5"), (long, "ANSWER: chair"), (short, "GUESS: 12 please"), (long, "pear"), (short, "")]
-    scores = LogprobScorer(tiny_policy).score(pairs)
+    scorer = LogprobScorer(tiny_policy)
+    scores = scorer.score(pairs)
+    assert scorer.stats.shared_tokens > 0   # the candidates of one prompt passed it once (checked equal below)
     tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
-    for (prefix, candidate), score in zip(pairs, scores):  # each pair alone, unpadded
+    for (prefix, candidate), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
         prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
         answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         with torch.inference_mode():

@@ -10,22 +10,27 @@ from __future__ import annotations
 import math
 import time
 
-from clemprm.stages.prm import PRMStats, micro_batches, pad_left
+from clemprm.stages.prm import (MIN_SHARED_TOKENS, PRMStats, PrefixGroup, cache_keyword, group_batches, micro_batches,
+                                pad_left, pad_right, shared_prefix_groups)
 
 
-def mean_logprobs(policy, pairs: list[tuple[list[dict], str]]) -> list[float]:
+def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats | None = None) -> list[float]:
     """Mean log-probability (temperature 1) per token of each candidate after its prompt, as ``policy``
     (:class:`clemprm.models.generation.PolicyModel`) samples it: the prompt as the policy renders it (generation prompt
     included), then the candidate's tokens and the end token (stopping there is part of the answer; an empty
     answer is its end token alone). A sequence over ``model.max_context_tokens`` keeps its end; a prompt that
-    cannot be rendered scores -inf. Micro-batches of at most ``model.token_budget``
-    padded tokens, padded on the left so that only the candidates' positions need logits."""
+    cannot be rendered scores -inf.
+
+    The candidates of one prompt (a search's N candidates, a branch point's siblings) pass their prompt once: it
+    fills a cache that their answers continue (:func:`clemprm.stages.prm.shared_prefix_groups`, as the PRM scores
+    its pairs); other pairs pass alone (``stats``, if given, counts the tokens, and the prefix tokens passed once for
+    several pairs). Micro-batches of at most ``model.token_budget`` padded tokens."""
     import torch
 
     tokenizer, model, cfg = policy.tokenizer, policy.model, policy.cfg
     prompts = {}
     for prefix, _ in pairs:
-        key = tuple((m["role"], m["content"]) for m in prefix)
+        key = _prompt_key(prefix)
         if key not in prompts:
             try:
                 prompts[key] = tokenizer(policy.render(prefix), add_special_tokens=False)["input_ids"]
@@ -34,30 +39,81 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]]) -> list[float]:
     end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     answers = [ids + end for ids in
                tokenizer([candidate for _, candidate in pairs], add_special_tokens=False)["input_ids"]]
-    sequences, answer_lengths, scores = {}, {}, [-math.inf] * len(pairs)
+    scored, sequences, answer_lengths, keys = [], [], [], []
     for i, ((prefix, _), answer) in enumerate(zip(pairs, answers)):
-        prompt = prompts[tuple((m["role"], m["content"]) for m in prefix)]
+        prompt = prompts[_prompt_key(prefix)]
         if prompt is not None and answer:
-            sequences[i] = (prompt + answer)[-cfg.max_context_tokens:]
-            answer_lengths[i] = min(len(answer), len(sequences[i]) - 1)
-    order = sorted(sequences)
-    device = next(model.parameters()).device
+            ids = (prompt + answer)[-cfg.max_context_tokens:]
+            scored.append(i)
+            sequences.append(ids)
+            answer_lengths.append(min(len(answer), len(ids) - 1))
+            keys.append(_prompt_key(prefix))
+    # a shared prefix ends before each row's last prompt token, whose logit predicts the answer's first token
+    groups, alone = shared_prefix_groups(sequences, keys)
+    for group in groups:
+        group.shared = min([group.shared] + [len(sequences[r]) - answer_lengths[r] - 1 for r in group.rows])
+    alone = sorted(alone + [r for group in groups if group.shared < MIN_SHARED_TOKENS for r in group.rows])
+    groups = [group for group in groups if group.shared >= MIN_SHARED_TOKENS]
+    if stats is not None:
+        stats.tokens += sum(len(ids) for ids in sequences)
+        stats.shared_tokens += sum(group.shared * (len(group.rows) - 1) for group in groups)
+    scores = [-math.inf] * len(pairs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
     with torch.inference_mode():
-        for batch in micro_batches([len(sequences[i]) for i in order], cfg.token_budget):
-            rows = [order[b] for b in batch]
-            input_ids, attention_mask = pad_left([sequences[i] for i in rows], pad)
-            keep = max(answer_lengths[i] for i in rows) + 1
+        for batch in micro_batches([len(sequences[r]) for r in alone], cfg.token_budget):
+            rows = [alone[b] for b in batch]
+            input_ids, attention_mask = pad_left([sequences[r] for r in rows], pad)
+            keep = max(answer_lengths[r] for r in rows) + 1
             logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                            position_ids=(attention_mask.cumsum(-1) - 1).clamp_min(0).to(device),
-                           logits_to_keep=keep).logits.float()
+                           logits_to_keep=keep).logits
             # logits[:, t] predicts token (width - keep + t + 1); the last position predicts nothing
-            logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
-            targets = input_ids[:, input_ids.shape[1] - keep + 1:].to(device)
-            token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            for row, i in enumerate(rows):
-                scores[i] = token_logprobs[row, token_logprobs.shape[1] - answer_lengths[i]:].mean().item()
+            token_logprobs = _token_logprobs(logits[:, :-1], input_ids[:, input_ids.shape[1] - keep + 1:].to(device))
+            for row, r in enumerate(rows):
+                scores[scored[r]] = token_logprobs[row, token_logprobs.shape[1] - answer_lengths[r]:].mean().item()
+        for batch in group_batches(groups, cfg.token_budget):
+            rows = [r for group in batch for r in group.rows]
+            token_logprobs, suffix_lengths = _shared_prefix_logprobs(model, sequences, batch, pad)
+            for row, r in enumerate(rows):
+                last = suffix_lengths[row] - 1   # logit j predicts suffix token j + 1; the answer ends the suffix
+                scores[scored[r]] = token_logprobs[row, last - answer_lengths[r]:last].mean().item()
     return scores
+
+
+def _prompt_key(prefix: list[dict]) -> tuple:
+    return tuple((m["role"], m["content"]) for m in prefix)
+
+
+def _token_logprobs(logits, targets):
+    """``log_softmax(logits)[..., target]`` without a full log-softmax tensor."""
+    logits = logits.float()
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _shared_prefix_logprobs(model, sequences: list[list[int]], groups: list[PrefixGroup], pad: int):
+    """Per row of the groups (in group order): the log-probability of each suffix token after its predecessor
+    (``[rows, longest suffix - 1]``, right padded) and the row's suffix length. The prefixes pass once, left
+    padded, into a cache whose rows are copied to their groups' pairs; the suffixes continue it."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    device = next(model.parameters()).device
+    prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad)
+    cache = DynamicCache(config=model.config)
+    with_cache = {cache_keyword(model): cache, "use_cache": True}
+    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
+          position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0).to(device), logits_to_keep=1, **with_cache)
+    owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
+    cache.reorder_cache(owner.to(device))
+    suffixes = [sequences[r][group.shared:] for group in groups for r in group.rows]
+    suffix_ids, suffix_mask = pad_right(suffixes, pad)
+    start = torch.tensor([group.shared for group in groups for _ in group.rows])
+    positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
+    attention_mask = torch.cat([prefix_mask[owner], suffix_mask], dim=-1)
+    logits = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
+                   position_ids=positions.to(device), **with_cache).logits
+    return _token_logprobs(logits[:, :-1], suffix_ids[:, 1:].to(device)), [len(s) for s in suffixes]
 
 
 class LogprobScorer:
@@ -70,7 +126,7 @@ class LogprobScorer:
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
         start = time.perf_counter()
-        scores = mean_logprobs(self.policy, pairs)
+        scores = mean_logprobs(self.policy, pairs, self.stats)
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.seconds += time.perf_counter() - start
