@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import time
 
-from clemprm.stages.prm import (MIN_SHARED_TOKENS, PRMStats, PrefixGroup, cache_keyword, group_batches, micro_batches,
-                                pad_left, pad_right, shared_prefix_groups)
+from clemprm.stages.prm import (MIN_SHARED_TOKENS, PRMStats, forward_on_shared_prefixes, group_batches, micro_batches,
+                                pad_left, prefix_sharing_problem, shared_prefix_groups)
 
 
 def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats | None = None) -> list[float]:
@@ -22,10 +22,13 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats |
     cannot be rendered scores -inf.
 
     The candidates of one prompt (a search's N candidates, a branch point's siblings) pass their prompt once: it
-    fills a cache that their answers continue (:func:`clemprm.stages.prm.shared_prefix_groups`, as the PRM scores
-    its pairs); other pairs pass alone (``stats``, if given, counts the tokens, and the prefix tokens passed once for
-    several pairs). Micro-batches of at most ``model.token_budget`` padded tokens."""
+    fills a cache that their answers continue (:func:`clemprm.stages.prm.forward_on_shared_prefixes`, as the PRM
+    scores its pairs, where the model's cache allows it); other pairs pass alone. ``stats``, if given, counts the
+    tokens and the prefix tokens passed once for several pairs. Micro-batches of at most ``model.token_budget``
+    padded tokens."""
     import torch
+
+    from clemprm.rl.logprobs import selective_log_softmax
 
     tokenizer, model, cfg = policy.tokenizer, policy.model, policy.cfg
     prompts = {}
@@ -41,15 +44,15 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats |
                tokenizer([candidate for _, candidate in pairs], add_special_tokens=False)["input_ids"]]
     scored, sequences, answer_lengths, keys = [], [], [], []
     for i, ((prefix, _), answer) in enumerate(zip(pairs, answers)):
-        prompt = prompts[_prompt_key(prefix)]
-        if prompt is not None and answer:
-            ids = (prompt + answer)[-cfg.max_context_tokens:]
+        key = _prompt_key(prefix)
+        if prompts[key] is not None and answer:
+            ids = (prompts[key] + answer)[-cfg.max_context_tokens:]
             scored.append(i)
             sequences.append(ids)
             answer_lengths.append(min(len(answer), len(ids) - 1))
-            keys.append(_prompt_key(prefix))
+            keys.append(key)
     # a shared prefix ends before each row's last prompt token, whose logit predicts the answer's first token
-    groups, alone = shared_prefix_groups(sequences, keys)
+    groups, alone = shared_prefix_groups(sequences, None if prefix_sharing_problem(model) else keys)
     for group in groups:
         group.shared = min([group.shared] + [len(sequences[r]) - answer_lengths[r] - 1 for r in group.rows])
     alone = sorted(alone + [r for group in groups if group.shared < MIN_SHARED_TOKENS for r in group.rows])
@@ -69,51 +72,21 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats |
                            position_ids=(attention_mask.cumsum(-1) - 1).clamp_min(0).to(device),
                            logits_to_keep=keep).logits
             # logits[:, t] predicts token (width - keep + t + 1); the last position predicts nothing
-            token_logprobs = _token_logprobs(logits[:, :-1], input_ids[:, input_ids.shape[1] - keep + 1:].to(device))
+            token_logprobs = selective_log_softmax(logits[:, :-1],
+                                                   input_ids[:, input_ids.shape[1] - keep + 1:].to(device))
             for row, r in enumerate(rows):
                 scores[scored[r]] = token_logprobs[row, token_logprobs.shape[1] - answer_lengths[r]:].mean().item()
         for batch in group_batches(groups, cfg.token_budget):
-            rows = [r for group in batch for r in group.rows]
-            token_logprobs, suffix_lengths = _shared_prefix_logprobs(model, sequences, batch, pad)
-            for row, r in enumerate(rows):
-                last = suffix_lengths[row] - 1   # logit j predicts suffix token j + 1; the answer ends the suffix
+            output, suffix_ids = forward_on_shared_prefixes(model, sequences, batch, pad, logits_to_keep=1)
+            token_logprobs = selective_log_softmax(output.logits[:, :-1], suffix_ids[:, 1:].to(device))
+            for row, (r, group) in enumerate((r, group) for group in batch for r in group.rows):
+                last = len(sequences[r]) - group.shared - 1   # logit j predicts suffix token j + 1; the answer ends it
                 scores[scored[r]] = token_logprobs[row, last - answer_lengths[r]:last].mean().item()
     return scores
 
 
 def _prompt_key(prefix: list[dict]) -> tuple:
     return tuple((m["role"], m["content"]) for m in prefix)
-
-
-def _token_logprobs(logits, targets):
-    """``log_softmax(logits)[..., target]`` without a full log-softmax tensor."""
-    logits = logits.float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-
-
-def _shared_prefix_logprobs(model, sequences: list[list[int]], groups: list[PrefixGroup], pad: int):
-    """Per row of the groups (in group order): the log-probability of each suffix token after its predecessor
-    (``[rows, longest suffix - 1]``, right padded) and the row's suffix length. The prefixes pass once, left
-    padded, into a cache whose rows are copied to their groups' pairs; the suffixes continue it."""
-    import torch
-    from transformers.cache_utils import DynamicCache
-
-    device = next(model.parameters()).device
-    prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad)
-    cache = DynamicCache(config=model.config)
-    with_cache = {cache_keyword(model): cache, "use_cache": True}
-    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
-          position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0).to(device), logits_to_keep=1, **with_cache)
-    owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
-    cache.reorder_cache(owner.to(device))
-    suffixes = [sequences[r][group.shared:] for group in groups for r in group.rows]
-    suffix_ids, suffix_mask = pad_right(suffixes, pad)
-    start = torch.tensor([group.shared for group in groups for _ in group.rows])
-    positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
-    attention_mask = torch.cat([prefix_mask[owner], suffix_mask], dim=-1)
-    logits = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
-                   position_ids=positions.to(device), **with_cache).logits
-    return _token_logprobs(logits[:, :-1], suffix_ids[:, 1:].to(device)), [len(s) for s in suffixes]
 
 
 class LogprobScorer:

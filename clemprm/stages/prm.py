@@ -192,6 +192,32 @@ def group_batches(groups: list[PrefixGroup], token_budget: int) -> list[list[Pre
     return batches + [current] if current else batches
 
 
+def forward_on_shared_prefixes(model, sequences: list[list[int]], groups: list[PrefixGroup], pad_id: int,
+                               **prefix_kwargs):
+    """The model's output for the groups' rows (in group order) computed on their shared prefixes: the prefixes
+    in one left-padded pass that fills a cache, its rows copied to their groups' pairs, then the suffixes (padded
+    on the right) on top of it. Returns ``(output of the suffix pass, suffix ids)``; ``prefix_kwargs`` go to the
+    prefix pass only (e.g. ``logits_to_keep=1``: its output is not used)."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    device = next(model.parameters()).device
+    prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad_id)
+    cache = DynamicCache(config=model.config)
+    with_cache = {cache_keyword(model): cache, "use_cache": True}
+    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
+          position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0).to(device), **with_cache, **prefix_kwargs)
+    owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
+    cache.reorder_cache(owner.to(device))
+    suffix_ids, suffix_mask = pad_right([sequences[i][group.shared:] for group in groups for i in group.rows], pad_id)
+    start = torch.tensor([group.shared for group in groups for _ in group.rows])
+    positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
+    attention_mask = torch.cat([prefix_mask[owner], suffix_mask], dim=-1)
+    output = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
+                   position_ids=positions.to(device), **with_cache)
+    return output, suffix_ids
+
+
 def cache_keyword(model) -> str | None:
     """The name under which the model's forward takes a cache (``cache`` in transformers 5, else
     ``past_key_values``); None if it takes none."""
@@ -263,7 +289,6 @@ class PRMScorer:
         if share_prefixes and (problem := prefix_sharing_problem(model)):
             log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
             self.share_prefixes = False
-        self._cache_keyword = cache_keyword(model)
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
         """P(success) for each (prefix messages, candidate answer); pairs with the same prefix messages share their
@@ -310,33 +335,22 @@ class PRMScorer:
         return scores
 
     def _score_shared(self, sequences: list[list[int]], groups: list[PrefixGroup]) -> list[float]:
-        """Scores of the groups' rows, in group order: the shared prefixes in one left-padded pass that fills a
-        cache, its rows copied to their groups' pairs, then the suffixes (padded on the right) on top of it."""
-        import torch
-        from transformers.cache_utils import DynamicCache
+        """Scores of the groups' rows, in group order, on their shared prefixes (:func:`forward_on_shared_prefixes`)."""
+        output, _ = forward_on_shared_prefixes(self.model, sequences, groups, self.tokenizer.pad_token_id)
+        return _probabilities(output.logits)
 
-        pad = self.tokenizer.pad_token_id
-        prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad)
-        cache = DynamicCache(config=self.model.config)
-        self._forward(prefix_ids, prefix_mask, (prefix_mask.cumsum(-1) - 1).clamp_min(0), cache)
-        owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
-        cache.reorder_cache(owner)
-        suffix_ids, suffix_mask = pad_right([sequences[i][group.shared:] for group in groups for i in group.rows], pad)
-        start = torch.tensor([group.shared for group in groups for _ in group.rows])
-        positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
-        return self._forward(suffix_ids, torch.cat([prefix_mask[owner], suffix_mask], dim=-1), positions, cache)
-
-    def _forward(self, input_ids, attention_mask, position_ids=None, cache=None) -> list[float]:
-        """``sigmoid`` of the logit the model pools at each row's last non-pad token, optionally continuing (and
-        filling) ``cache``."""
-        import torch
-
+    def _forward(self, input_ids, attention_mask) -> list[float]:
+        """``sigmoid`` of the logit the model pools at each row's last non-pad token."""
         device = next(self.model.parameters()).device
-        kwargs = {"attention_mask": attention_mask.to(device)}
-        if cache is not None:
-            kwargs.update({self._cache_keyword: cache, "use_cache": True, "position_ids": position_ids.to(device)})
-        logits = self.model(input_ids=input_ids.to(device), **kwargs).logits
-        return torch.sigmoid(logits.float().squeeze(-1)).tolist()
+        logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+        return _probabilities(logits)
+
+
+def _probabilities(logits) -> list[float]:
+    """P(success) per row of the score head's ``[rows, 1]`` logits."""
+    import torch
+
+    return torch.sigmoid(logits.float().squeeze(-1)).tolist()
 
 
 def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str | None = None,
