@@ -1,12 +1,13 @@
 """Benchmark: which PRM training ranks held-out siblings best, variants side by side on the same soft labels.
 
-    python scripts/bench_prm_training.py --workdir DIR [--instances 6] [--siblings 4] [--k 4]
+    python scripts/bench_prm_training.py --workdir DIR [--labels SOFT_LABELS] [--instances 6] [--siblings 4] [--k 4]
                                          [--variant bce] [--variant pairwise:pairwise_weight=1.0] ...
 
 Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): the policy (config.yaml's
 ``model``, no SFT adapter) plays ``--instances`` train instances per built-in game, every trajectory gives its
 branch points (``branch_points.max_per_episode``) with ``--siblings`` candidates each, each labelled by ``--k``
-continuations (the ``branch_points`` and ``soft_labels`` stages' own functions). Then the PRM stage
+continuations (the ``branch_points`` and ``soft_labels`` stages' own functions); ``--labels`` takes a pipeline's
+``results/labels/soft_labels.parquet`` instead. Then the PRM stage
 (:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm`` section, e.g.
 ``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the script prints
 each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1 regret and the pick's
@@ -59,6 +60,10 @@ def show(estimate: dict | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--labels", type=Path, default=None, help="soft labels to train on (default: made here)")
+    parser.add_argument("--sft-adapter", default=None, help="the policy of the log-probability baseline (with --labels)")
+    parser.add_argument("--validation-fraction", type=float, default=0.3,
+                        help="train instances held out when the labels have no validation-split rows")
     parser.add_argument("--instances", type=int, default=6, help="train instances per game (labels)")
     parser.add_argument("--siblings", type=int, default=4)
     parser.add_argument("--k", type=int, default=4)
@@ -75,19 +80,21 @@ def main() -> None:
                                     "model": {"threads": args.threads, **({"spec": args.model} if args.model else {})},
                                     "branch_points": {"siblings": args.siblings}, "labels": {"k": args.k},
                                     # every labelled pair, whole sibling groups, a third of the instances held out
-                                    "prm": {"max_examples": None, "epochs": args.epochs, "validation_fraction": 0.3}})
-    labels_path = make_labels(config, args.workdir)
+                                    "prm": {"max_examples": None, "epochs": args.epochs,
+                                            "validation_fraction": args.validation_fraction}})
+    labels_path = args.labels or make_labels(config, args.workdir)
     variants = [parse_variant(text) for text in (args.variant or ["bce", "pairwise:pairwise_weight=1.0"])]
     results = {}
     for name, overrides in variants:
         settings = {"seed": config["seed"], "model": config["model"], "prm": deep_merge(config["prm"], overrides)}
         folder = args.workdir / name
-        metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"))
+        metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"),
+                                sft_adapter=args.sft_adapter)
         results[name] = metrics
     first = next(iter(results.values()))
-    ranking = first["ranking"]
-    print(f"\n{first['examples']['train']} train pairs on {first['examples']['train_instances']} instances; held out: "
-          f"{first['examples']['validation']} pairs, {ranking['prefixes']} states with siblings on "
+    ranking, side = first["ranking"], first["ranking"]["side"]
+    print(f"\n{first['examples']['train']} train pairs on {first['examples']['train_instances']} instances; held out "
+          f"({side}): {first['examples'][side]} pairs, {ranking['prefixes']} states with siblings on "
           f"{ranking['instances']} instances, {ranking['pairs_with_different_labels']} sibling pairs with different "
           f"labels; best sibling's label {show(ranking['best_label'].get('overall'))}")
     print(f"{'scorer':<28} {'pairwise accuracy':<24} {'top-1 regret':<24} {'pick label':<24} {'AUROC':>6} "
@@ -96,7 +103,7 @@ def main() -> None:
     rows += [(baseline, first, baseline) for baseline in ranking["scorers"] if baseline != "prm"]
     for label, metrics, scorer in rows:
         overall = metrics["ranking"]["scorers"][scorer]["overall"]
-        block = metrics["evaluation"]["validation"] if scorer == "prm" else metrics["baselines"][scorer]["validation"]
+        block = metrics["evaluation"][side] if scorer == "prm" else metrics["baselines"][scorer][side]
         auroc, pearson = (block or {}).get("auroc"), (block or {}).get("pearson")
         print(f"{label:<28} {show(overall['pairwise_accuracy']):<24} {show(overall['top1_regret']):<24} "
               f"{show(overall['pick_label']):<24} {auroc if auroc is None else round(auroc, 3)!s:>6} "

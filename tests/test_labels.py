@@ -32,8 +32,10 @@ def same_rows(a: list[dict], b: list[dict]) -> bool:
 
 
 def oddoneout_oracle(catalog: GameCatalog):
-    """Answers oddoneout right at once: the odd word looked up from the instances by the words in the prompt."""
-    odd = {tuple(i.instance["words"]): i.instance["odd_word"] for i in catalog.instances("oddoneout", "train")}
+    """Answers oddoneout right at once: the odd word looked up from the train and validation instances by the words
+    in the prompt."""
+    odd = {tuple(i.instance["words"]): i.instance["odd_word"]
+           for split in ("train", "validation") for i in catalog.instances("oddoneout", split)}
 
     def answer(messages):
         words = re.search(r"The words are: (.*?)\. ", messages[0]["content"]).group(1).split(", ")
@@ -246,6 +248,25 @@ def test_a_checkpoint_part_after_a_discarded_one_gets_a_new_number(tmp_path):
     checkpoint.save([])
     assert sorted(p.name for p in checkpoint.folder.glob("part-*")) == [
         "part-00000.parquet", "part-00002.parquet", "part-00003.parquet"]
+
+
+def test_validation_instances_give_held_out_branch_points_that_label_like_train_ones(oddoneout, scripted_policy,
+                                                                                    tmp_path):
+    settings, _, train_rows, oracle = oddoneout
+    settings = {**settings, "branch_points": {**settings["branch_points"], "validation_instances": 2}}
+    catalog = GameCatalog(settings["games"])
+    bp_path = tmp_path / "with_validation.parquet"
+    rows = labels.branch_points(settings, None, tmp_path / "episodes2.parquet", bp_path,
+                                policy=scripted_policy(invalid_then(oracle)))
+    held_out = [row for row in rows if row["split"] == "validation"]
+    assert [row for row in rows if row["split"] == "train"] == train_rows
+    assert {row["game_id"] for row in held_out} == {i.instance["game_id"]
+                                                    for i in catalog.instances("oddoneout", "validation")[:2]}
+    assert len(held_out) == 2 * 2   # the violation and the right answer of each of 2 instances
+    labelled = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                        policy=scripted_policy(oracle))
+    assert [row["split"] for row in labelled] == [row["split"] for row in rows]
+    assert [row["label"] for row in labelled if row["split"] == "validation"] == [1.0, 1.0] * 2
 
 
 def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_policy, tmp_path):

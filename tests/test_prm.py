@@ -221,7 +221,7 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
     ranking = summary["ranking"]
     assert drawn["groups"] == ["g1", "g2", "overall"]
     expected = {"best sibling": [ranking["best_label"][group]["value"] for group in drawn["groups"]]}
-    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"), ("longest candidate", "candidate_length")):
+    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"), ("candidate-length pick", "candidate_length")):
         expected[label] = [ranking["scorers"][scorer][group]["pick_label"]["value"] for group in drawn["groups"]]
     for label, values in expected.items():
         assert drawn["bars"][label]["values"] == pytest.approx(values), label
@@ -234,6 +234,16 @@ def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
     assert prm.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
     assert prm.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
     assert prm.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
+
+
+def test_a_baseline_is_oriented_the_way_its_train_siblings_rank():
+    examples = [prm.Example([1], False, label, ("g", "e", "0"), prefix_id=f"p{i // 2}", row=i)
+                for i, label in enumerate([1.0, 0.0, 0.5, 0.0, 0.2, 0.2])]     # the last state's labels tie
+    shorter_is_better = [1.0, 5.0, 2.0, 9.0, 3.0, 1.0]
+    assert prm.orientation(examples, shorter_is_better) == -1
+    assert prm.orientation(examples, [-x for x in shorter_is_better]) == 1
+    assert prm.orientation(examples, [1.0] * 6) == 1      # ties: not worse than chance
+    assert prm.orientation([], []) == 1 and prm.orientation(examples[:1], [1.0]) == 1   # no siblings
 
 
 def test_pairwise_loss_orders_siblings_of_one_state_only():
@@ -432,6 +442,37 @@ def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test
     assert any(name.endswith("score.weight") for name in weights)            # the head is saved with the LoRA
     assert weights.keys() == other_weights.keys()
     assert all(torch.equal(weights[name], other_weights[name]) for name in weights)
+
+
+def test_validation_split_branch_points_are_the_held_out_set_never_trained_or_selected_on(tmp_path, test_cache_dir):
+    """Rows of validation-split instances (``branch_points.validation_instances``) are ranked and scored as
+    ``heldout``: the trainer neither trains on them nor chooses its epoch on them, and the summary repeats them."""
+    import jsonschema
+
+    from clemprm.evaluation import evaluate
+
+    rows = synthetic_rows()
+    for row in rows:
+        if row["game_id"] >= 4:    # 2 of 6 instances per experiment and game
+            row["split"] = "validation"
+    settings = prm_settings(lr=3e-3, epochs=2, batch_size=8, grad_accum=1, validation_fraction=0.0)
+    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
+                            str(tmp_path / "m.json"), test_cache_dir)
+    heldout = [row for row in rows if row["split"] == "validation"]
+    assert metrics["examples"]["train"] == len(rows) - len(heldout) and metrics["examples"]["validation"] == 0
+    assert metrics["examples"]["heldout"] == len(heldout) and metrics["examples"]["heldout_instances"] == 8
+    assert metrics["eval_loss"] is None and metrics["evaluation"]["validation"] is None   # no epoch chosen on them
+    assert metrics["evaluation"]["heldout"]["n"] == len(heldout)
+    ranking = metrics["ranking"]
+    assert ranking["side"] == "heldout" and ranking["instances"] == 8 and ranking["prefixes"] == 8
+    assert metrics["baselines"]["policy_logprob"]["heldout"]["n"] == len(heldout)
+    assert set(ranking["orientation"]) == {"candidate_length", "policy_logprob"}
+    assert metrics["baselines"]["policy_logprob"]["orientation"] == ranking["orientation"]["policy_logprob"]
+    summary = evaluate.prm_summary(json.loads((tmp_path / "m.json").read_text()))
+    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
+    jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
+    assert summary["side"] == "heldout" and summary["instances"] == 8
+    assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["heldout"]["auroc"]
 
 
 def test_empty_labels_file_writes_an_untrained_adapter(tmp_path, test_cache_dir):

@@ -319,7 +319,8 @@ GLOBAL_KEYS = ("n", "bce", "mse", "pearson", "spearman", "auroc")
 
 
 def prm_summary(prm_metrics: dict) -> dict | None:
-    """The PRM stage's held-out metrics (``results/prm/metrics.json``, its validation instances) as the summary
+    """The PRM stage's held-out metrics (``results/prm/metrics.json``, on its ranked side: the validation-split
+    branch points, else the validation slice of train instances) as the summary
     shows them: ``global`` (BCE, MSE, correlations and AUROC against the labels, across states) and ``ranking``
     (within-prefix pairwise accuracy, top-1 regret and the label of the pick among siblings, with bootstrap CIs,
     :func:`clemprm.stages.prm.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
@@ -327,10 +328,10 @@ def prm_summary(prm_metrics: dict) -> dict | None:
     ranking = prm_metrics.get("ranking")
     if not ranking:
         return None
-    validation = (prm_metrics.get("evaluation") or {}).get("validation")
-    blocks = {"prm": validation, **{name: (entry or {}).get("validation")
-                                    for name, entry in (prm_metrics.get("baselines") or {}).items()}}
-    return {"side": "validation", "instances": (prm_metrics.get("examples") or {}).get("validation_instances"),
+    side = ranking.get("side", "validation")
+    blocks = {"prm": (prm_metrics.get("evaluation") or {}).get(side),
+              **{name: (entry or {}).get(side) for name, entry in (prm_metrics.get("baselines") or {}).items()}}
+    return {"side": side, "instances": (prm_metrics.get("examples") or {}).get(f"{side}_instances"),
             "loss": prm_metrics.get("loss"), "pairwise_weight": prm_metrics.get("pairwise_weight"),
             "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
                        for name, block in blocks.items() if name in RANKING_SCORERS and block},
@@ -420,7 +421,8 @@ def ranking_lines(prm: dict) -> str:
              f"with different labels; best sibling's label {show(ranking['best_label'].get(OVERALL))}"]
     for name, entry in ranking["scorers"].items():
         overall = entry.get(OVERALL) or {}
-        lines.append(f"{name}: pairwise accuracy {show(overall.get('pairwise_accuracy'))}, top-1 regret "
+        sign = " (read as lower is better)" if ranking.get("orientation", {}).get(name) == -1 else ""
+        lines.append(f"{name}{sign}: pairwise accuracy {show(overall.get('pairwise_accuracy'))}, top-1 regret "
                      f"{show(overall.get('top1_regret'))}, pick label {show(overall.get('pick_label'))}, AUROC "
                      f"{(prm['global'].get(name) or {}).get('auroc')}")
     return "\n".join(lines)

@@ -171,12 +171,13 @@ def plot_soft_labels(labels: dict[str, list[float]], path: str | Path) -> None:
 
 
 def calibration_bins(prm_metrics: dict) -> tuple[str, list[dict]]:
-    """(which side, bins) of the PRM calibration table: a top-level "calibration", else the held-out side's,
-    else the train side's; ("", []) when there is none."""
+    """(which side, bins) of the PRM calibration table: a top-level "calibration", else the held-out side's (the
+    validation-split branch points, else the validation slice of train instances), else the train side's; ("", [])
+    when there is none."""
     if isinstance(prm_metrics.get("calibration"), list):
         return "", prm_metrics["calibration"]
     evaluation = prm_metrics.get("evaluation") or {}
-    for side in ("validation", "train"):
+    for side in ("heldout", "validation", "train"):
         bins = (evaluation.get(side) or {}).get("calibration")
         if isinstance(bins, list):
             return side, bins
@@ -232,7 +233,7 @@ def plot_training_curves(histories: dict[str, list[dict]], path: str | Path) -> 
 # bars of the sibling-picks figure: (label, where its estimates are in the summary's prm.ranking)
 PICK_BARS = (("best sibling", ("best_label",)), ("PRM pick", ("scorers", "prm")),
              ("random pick", ("scorers", "constant_mean")), ("policy log-prob pick", ("scorers", "policy_logprob")),
-             ("longest candidate", ("scorers", "candidate_length")))
+             ("candidate-length pick", ("scorers", "candidate_length")))
 
 
 def _pick_estimates(ranking: dict, where: tuple[str, ...], group: str) -> dict:

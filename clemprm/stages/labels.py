@@ -1,7 +1,10 @@
 """Branch points and their K-rollout Monte-Carlo soft labels (the ``branch_points`` and ``soft_labels`` stages).
 
 Branch points
-    The SFT policy (base + SFT adapter) plays the train split; every LLM turn is a branch point: the prefix
+    The SFT policy (base + SFT adapter) plays the train split, and the first
+    ``branch_points.validation_instances`` instances per game of the validation split (their rows keep
+    ``split: validation``: the PRM stage never trains or selects on them, they are its held-out set for the
+    ranking metrics); every LLM turn is a branch point: the prefix
     the player saw, its answer (the candidate), and the answers of the whole episode up to it (``history``).
     A trajectory with more turns than ``branch_points.max_per_episode`` is subsampled evenly along it.
     With ``branch_points.siblings: M`` > 1, M - 1 more answers are sampled from the same prefix (the game state
@@ -95,7 +98,8 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
 
 def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str, output: str,
                   cache_dir: str | None = None, policy=None, on_failure: str = "stop") -> list[dict]:
-    """The SFT policy plays the train split; write its episodes and their branch points. Fails when every
+    """The SFT policy plays the train split (and ``branch_points.validation_instances`` validation instances per
+    game, the PRM's held-out set); write its episodes and their branch points. Fails when every
     episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue (then the branch
     points' provenance records what the stage went on despite)."""
     from clemprm.stages.rollouts import load_policy, summarize
@@ -106,7 +110,8 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
-    episodes = engine.play(catalog.all_instances("train"), [policy], repeats=bp_settings["episodes_per_instance"],
+    instances = catalog.all_instances("train") + held_out_instances(catalog, bp_settings["validation_instances"])
+    episodes = engine.play(instances, [policy], repeats=bp_settings["episodes_per_instance"],
                            base_seed=settings["seed"], stage="branch_points", policy_name=policy.name)
     rows = [row for episode in episodes
             for row in branch_points_of(episode, bp_settings["max_per_episode"], settings["seed"])]
@@ -123,6 +128,12 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     log.info("branch points: %d from %d SFT-policy episodes -> %s\n%s", len(rows), len(episodes), output,
              summarize(episodes))
     return rows
+
+
+def held_out_instances(catalog: GameCatalog, per_game: int) -> list[Instance]:
+    """The first ``per_game`` validation instances of each game (fewer where ``games.max_instances.validation``
+    caps the split lower)."""
+    return [instance for game in catalog.games for instance in catalog.instances(game, "validation")[:per_game]]
 
 
 def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list[dict], siblings: int,

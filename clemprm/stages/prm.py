@@ -42,10 +42,13 @@ Metrics
     the labels, AUROC of ``label > 0.5`` (null when one class is missing), a 10-bin calibration table; and the
     same for two baselines that know no candidate: the train-side mean label, and the train-side mean label of
     the candidate's game. A PRM that only beats the first has learned "which game is this", not "which move".
-    On the validation side also two baselines that read the candidate (its length, the SFT policy's mean token
+    On the ranked side also two baselines that read the candidate (its length, the SFT policy's mean token
     log-probability of it: correlations and AUROC), and ``ranking``: what a search needs, the within-prefix
     pairwise accuracy and top-1 regret among siblings (``branch_points.siblings``) of the PRM and every baseline,
-    with bootstrap intervals over instances (``prm.bootstrap_samples``, ``prm.ci``).
+    with bootstrap intervals over instances (``prm.bootstrap_samples``, ``prm.ci``). The ranked side is
+    ``heldout``, the branch points of validation-split instances (``branch_points.validation_instances``), which
+    neither training nor the choice of epoch sees; without them it is the ``validation`` slice of train instances
+    (``prm.validation_fraction``), which also chose the epoch.
 """
 
 from __future__ import annotations
@@ -540,6 +543,26 @@ def sibling_statistics(scores: list[float], labels: list[float]) -> tuple[float,
     return concordant, pairs, max(labels) - sum(picked) / len(picked)
 
 
+def prefix_groups(examples: list[Example]) -> list[list[int]]:
+    """The indices of the examples of each prefix with two or more siblings."""
+    by_prefix = collections.defaultdict(list)
+    for index, example in enumerate(examples):
+        by_prefix[example.prefix_id].append(index)
+    return [indices for indices in by_prefix.values() if len(indices) > 1]
+
+
+def orientation(examples: list[Example], scores: list[float]) -> int:
+    """-1 where ``scores`` rank the siblings of ``examples`` (the train side) worse than chance, else 1: a
+    candidate-aware baseline (length, the policy's log-probability) is read the way round its train side supports
+    ("shorter is better" is a baseline too), so the PRM is measured against its stronger reading."""
+    concordant = pairs = 0
+    for group in prefix_groups(examples):
+        group_concordant, group_pairs, _ = sibling_statistics([scores[i] for i in group],
+                                                              [examples[i].label for i in group])
+        concordant, pairs = concordant + group_concordant, pairs + group_pairs
+    return -1 if pairs and concordant < pairs / 2 else 1
+
+
 def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], samples: int, seed: int,
                     ci: float) -> dict:
     """What a search needs of a scorer, on the prefixes of ``examples`` with two or more siblings: within-prefix
@@ -552,10 +575,7 @@ def ranking_metrics(examples: list[Example], scorers: dict[str, list[float]], sa
 
     from clemprm.evaluation.evaluate import OVERALL, bootstrap_weights, interval
 
-    by_prefix = collections.defaultdict(list)
-    for index, example in enumerate(examples):
-        by_prefix[example.prefix_id].append(index)
-    groups = [indices for indices in by_prefix.values() if len(indices) > 1]
+    groups = prefix_groups(examples)
     instances = sorted({examples[g[0]].key for g in groups})
     games = sorted({key[0] for key in instances})
     result = {"prefixes": len(groups), "siblings": sum(map(len, groups)), "instances": len(instances),
@@ -747,28 +767,33 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_seconds": round(train_seconds, 2)}
 
 
-def _evaluate(scorer: PRMScorer, train: list[Example], validation: list[Example], rows: list[dict],
+def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, rows: list[dict],
               policy_logprobs: dict[int, float], prm: dict, seed: int) -> dict:
-    """Prediction metrics of the trained PRM and of the baselines, per side (validation: None when empty); on the
-    validation side also the candidate-aware baselines (the candidate's length in characters, the policy's mean
-    token log-probability of it, ``policy_logprobs`` by row) and every scorer's within-prefix ranking
+    """Prediction metrics of the trained PRM and of the baselines, per side (None when empty); on the ``ranked``
+    side (the held-out set when there is one, else the validation slice) also the candidate-aware baselines (the
+    candidate's length in characters, the policy's mean token log-probability of it, ``policy_logprobs`` by row;
+    each times its train-side :func:`orientation`) and every scorer's within-prefix ranking
     (:func:`ranking_metrics`; ``constant_mean`` ties all siblings: the expected pick of a random choice)."""
-    sides = {"train": train, "validation": validation}
     evaluation, predictions = {}, {}
     for side, examples in sides.items():
         predictions[side] = scorer.score_ids([e.input_ids for e in examples]) if examples else []
         evaluation[side] = prediction_metrics(predictions[side], [e.label for e in examples])
-    baselines = baseline_metrics(train, sides)
-    labels = [e.label for e in validation]
-    candidate_scores = {"candidate_length": [float(len(rows[e.row]["candidate"])) for e in validation],
-                        "policy_logprob": [policy_logprobs[e.row] for e in validation]}
+    baselines = baseline_metrics(sides["train"], sides)
+    examples = sides[ranked]
+    labels = [e.label for e in examples]
+    readers = {"candidate_length": lambda e: float(len(rows[e.row]["candidate"])),
+               "policy_logprob": lambda e: policy_logprobs[e.row]}
+    oriented_on = sides["train"] if prefix_groups(sides["train"]) else []   # no siblings there: nothing to orient
+    orientations = {name: orientation(oriented_on, [read(e) for e in oriented_on]) for name, read in readers.items()}
+    candidate_scores = {name: [orientations[name] * read(e) for e in examples] for name, read in readers.items()}
     for name, scores in candidate_scores.items():
-        baselines[name] = {"validation": rank_metrics(scores, labels)}
+        baselines[name] = {ranked: rank_metrics(scores, labels), "orientation": orientations[name]}
     game_means = baselines["game_mean"]["values"]
-    scorers = {"prm": predictions["validation"], "constant_mean": [0.0] * len(validation),
-               "game_mean": [game_means.get(e.key[0], baselines["constant_mean"]["value"]) for e in validation],
+    scorers = {"prm": predictions[ranked], "constant_mean": [0.0] * len(examples),
+               "game_mean": [game_means.get(e.key[0], baselines["constant_mean"]["value"]) for e in examples],
                **candidate_scores}
-    ranking = {"side": "validation", **ranking_metrics(validation, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
+    ranking = {"side": ranked, "orientation": orientations,
+               **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
     return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking}
 
 
@@ -786,7 +811,7 @@ def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list
     policy = load_policy(sft_policy_settings(model_settings, sft_adapter), cache_dir)
     start = time.perf_counter()
     scores = mean_logprobs(policy, [(rows[e.row]["prefix"], rows[e.row]["candidate"]) for e in examples])
-    log.info("prm: policy log-probabilities of %d validation candidates in %.0f s", len(examples),
+    log.info("prm: policy log-probabilities of %d candidates in %.0f s", len(examples),
              time.perf_counter() - start)
     del policy
     return {e.row: score for e, score in zip(examples, scores)}
@@ -817,28 +842,37 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     model = get_peft_model(model, lora_config(prm["lora"], "SEQ_CLS"))
 
     examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"])
-    validation_keys = split_instances([e.key for e in examples], prm["validation_fraction"], seed)
-    train = sample_whole_groups([e for e in examples if e.key not in validation_keys], prm["max_examples"], seed)
-    validation = sample_whole_groups([e for e in examples if e.key in validation_keys], prm["max_examples"], seed + 1)
+    heldout = [e for e in examples if rows[e.row]["split"] != "train"]   # branch_points.validation_instances
+    train_side = [e for e in examples if rows[e.row]["split"] == "train"]
+    validation_keys = split_instances([e.key for e in train_side], prm["validation_fraction"], seed)
+    train = sample_whole_groups([e for e in train_side if e.key not in validation_keys], prm["max_examples"], seed)
+    validation = sample_whole_groups([e for e in train_side if e.key in validation_keys], prm["max_examples"],
+                                     seed + 1)
+    heldout_keys = {e.key for e in heldout}
     log.info("prm data: %d branch points from %s (%d truncated to %d tokens); train %d pairs on %d instances, "
-             "validation %d pairs on %d instances", len(examples), labels_path, sum(e.truncated for e in examples),
-             prm["max_length"], len(train), len({e.key for e in train}), len(validation), len(validation_keys))
+             "validation %d pairs on %d instances, held out %d pairs on %d validation-split instances", len(examples),
+             labels_path, sum(e.truncated for e in examples), prm["max_length"], len(train),
+             len({e.key for e in train}), len(validation), len(validation_keys), len(heldout), len(heldout_keys))
     metrics = {
         "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
                   "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
                   "eos_token": tokenizer.eos_token},
         "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"],
         "examples": {
-            "rows": len(rows), "train": len(train), "validation": len(validation),
-            "train_available": sum(e.key not in validation_keys for e in examples),
+            "rows": len(rows), "train": len(train), "validation": len(validation), "heldout": len(heldout),
+            "train_available": sum(e.key not in validation_keys for e in train_side),
             "train_instances": len({e.key for e in train}), "validation_instances": len(validation_keys),
+            "heldout_instances": len(heldout_keys),
             "validation_instance_keys": ["/".join(key) for key in sorted(validation_keys)],
             "train_by_game": dict(sorted(collections.Counter(e.key[0] for e in train).items())),
             "truncated": sum(e.truncated for e in examples)},
         "tokens": {"train": sum(len(e.input_ids) for e in train),
                    "validation": sum(len(e.input_ids) for e in validation),
+                   "heldout": sum(len(e.input_ids) for e in heldout),
                    "max_sequence": max((len(e.input_ids) for e in examples), default=0)},
     }
+    sides = {"train": train, "validation": validation, "heldout": heldout}
+    ranked = "heldout" if heldout else "validation"
 
     adapter_dir, tmp_root = Path(adapter_dir), None
     adapter_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -850,23 +884,26 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             metrics.update(training)
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)
-            logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows, validation, cache_dir)
-            metrics.update(_evaluate(scorer, train, validation, rows, logprobs, prm, seed))
+            # the train side's siblings orient the log-probability baseline
+            oriented_on = sides["train"] if prefix_groups(sides["train"]) else []
+            logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows, oriented_on + sides[ranked],
+                                          cache_dir)
+            metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
             log.warning("prm: no training examples; writing an untrained adapter")
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
-                           eval_loss=None, history=[], evaluation={"train": None, "validation": None},
+                           eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
                            baselines=None, ranking=None)
         save_adapter(model, cfg.spec, tmp_root, adapter_dir)
     finally:
         if tmp_root is not None:
             shutil.rmtree(tmp_root, ignore_errors=True)
     finish_metrics(metrics, start, settings, metrics_path)
-    validation_metrics = (metrics["evaluation"] or {}).get("validation") or {}
-    log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, validation AUROC %s, Pearson %s; "
+    ranked_metrics = (metrics["evaluation"] or {}).get(ranked) or {}
+    log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, %s AUROC %s, Pearson %s; "
              "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
-             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), validation_metrics.get("auroc"),
-             validation_metrics.get("pearson"), adapter_dir)
+             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), ranked, ranked_metrics.get("auroc"),
+             ranked_metrics.get("pearson"), adapter_dir)
     return metrics
