@@ -399,12 +399,18 @@ def read_labels(path: str | Path) -> list[dict]:
     return rows
 
 
-def sibling_groups(examples: list[Example]) -> list[list[Example]]:
-    """The examples grouped by ``prefix_id`` (the siblings of one state), groups in order of first appearance."""
+def indices_by_prefix(examples: list[Example]) -> list[list[int]]:
+    """The indices of the examples grouped by ``prefix_id`` (the siblings of one state), groups in order of first
+    appearance."""
     groups = collections.defaultdict(list)
-    for example in examples:
-        groups[example.prefix_id].append(example)
+    for index, example in enumerate(examples):
+        groups[example.prefix_id].append(index)
     return list(groups.values())
+
+
+def sibling_groups(examples: list[Example]) -> list[list[Example]]:
+    """The examples grouped by ``prefix_id``, groups in order of first appearance."""
+    return [[examples[i] for i in group] for group in indices_by_prefix(examples)]
 
 
 def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
@@ -545,10 +551,7 @@ def sibling_statistics(scores: list[float], labels: list[float]) -> tuple[float,
 
 def prefix_groups(examples: list[Example]) -> list[list[int]]:
     """The indices of the examples of each prefix with two or more siblings."""
-    by_prefix = collections.defaultdict(list)
-    for index, example in enumerate(examples):
-        by_prefix[example.prefix_id].append(index)
-    return [indices for indices in by_prefix.values() if len(indices) > 1]
+    return [indices for indices in indices_by_prefix(examples) if len(indices) > 1]
 
 
 def orientation(examples: list[Example], scores: list[float]) -> int:
@@ -767,6 +770,12 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_seconds": round(train_seconds, 2)}
 
 
+def orientation_side(train: list[Example]) -> list[Example]:
+    """The examples the candidate-aware baselines are oriented on: the train side when it has siblings, else none
+    (nothing to orient on; every baseline is then read as is)."""
+    return train if prefix_groups(train) else []
+
+
 def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, rows: list[dict],
               policy_logprobs: dict[int, float], prm: dict, seed: int) -> dict:
     """Prediction metrics of the trained PRM and of the baselines, per side (None when empty); on the ``ranked``
@@ -783,7 +792,7 @@ def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, r
     labels = [e.label for e in examples]
     readers = {"candidate_length": lambda e: float(len(rows[e.row]["candidate"])),
                "policy_logprob": lambda e: policy_logprobs[e.row]}
-    oriented_on = sides["train"] if prefix_groups(sides["train"]) else []   # no siblings there: nothing to orient
+    oriented_on = orientation_side(sides["train"])
     orientations = {name: orientation(oriented_on, [read(e) for e in oriented_on]) for name, read in readers.items()}
     candidate_scores = {name: [orientations[name] * read(e) for e in examples] for name, read in readers.items()}
     for name, scores in candidate_scores.items():
@@ -884,10 +893,8 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             metrics.update(training)
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)
-            # the train side's siblings orient the log-probability baseline
-            oriented_on = sides["train"] if prefix_groups(sides["train"]) else []
-            logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows, oriented_on + sides[ranked],
-                                          cache_dir)
+            logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
+                                          orientation_side(sides["train"]) + sides[ranked], cache_dir)
             metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
