@@ -1,5 +1,5 @@
 # clemprm: base rollouts -> win filter -> SFT -> branch points -> soft labels -> PRM -> PRM-guided eval
-# Run: snakemake -c2 (local, embedded default) | snakemake --profile slurm (cluster; see README)
+# Run: snakemake -c2 (local, embedded default) | snakemake --profile slurm (cluster; see docs/slurm.md)
 import os
 
 from snakemake.utils import min_version
