@@ -15,6 +15,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from clemprm.modes import MODES, RL_ALGORITHMS
+
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = REPO_ROOT / "config.yaml"
@@ -29,7 +31,11 @@ class ConfigError(ValueError):
 
 
 def _schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config schema, with the eval modes and RL algorithms of :mod:`clemprm.modes` as the allowed values."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["properties"]["eval"]["properties"]["modes"]["items"] = {"enum": list(MODES)}
+    schema["properties"]["rl"]["properties"]["algorithms"]["items"] = {"enum": list(RL_ALGORITHMS)}
+    return schema
 
 
 # Keys of earlier versions, by dotted name: what replaced them (a user's old config fails naming both).
@@ -50,11 +56,10 @@ def renamed_key_problem(config: dict) -> str | None:
 
 
 def cross_key_problem(config: dict) -> str | None:
-    """An eval mode that plays an RL policy whose algorithm ``rl.algorithms`` does not train; None if none."""
+    """An eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train; None if none."""
     algorithms = config["rl"]["algorithms"]
     for mode in config["eval"]["modes"]:
-        needed = mode.removeprefix("greedy_rl_") if mode.startswith("greedy_rl_") else (
-            "prime" if mode == "best_of_n_implicit" else None)
+        needed = MODES[mode].algorithm
         if needed is not None and needed not in algorithms:
             return (f"config key 'eval.modes': {mode} plays the {needed} policy, but 'rl.algorithms' "
                     f"({', '.join(algorithms)}) does not train it: add {needed} to rl.algorithms or drop the mode")
@@ -118,28 +123,14 @@ def sections(config: dict, *names: str) -> dict:
     return sorted_dict({name: config[name] for name in names})
 
 
-# The eval keys each evaluation mode plays by. A mode rule's params hold only these (plus seed, model, games and,
-# for the PRM modes, prm): changing eval.bootstrap_samples reruns the summary alone, eval.beam_width beam_search.
-_EVAL_PLAY = ("split", "episodes_per_instance", "max_new_tokens")
-_EVAL_SAMPLING = ("n", "temperature", "top_p")
-EVAL_MODE_KEYS = {"greedy_base": _EVAL_PLAY, "greedy_sft": _EVAL_PLAY,
-                  "greedy_rl_grpo": _EVAL_PLAY, "greedy_rl_prime": _EVAL_PLAY,   # the RL policy of each algorithm
-                  "random_of_n": _EVAL_PLAY + _EVAL_SAMPLING,
-                  "best_of_n": _EVAL_PLAY + _EVAL_SAMPLING, "best_of_n_implicit": _EVAL_PLAY + _EVAL_SAMPLING,
-                  "beam_search": _EVAL_PLAY + _EVAL_SAMPLING + ("beam_width", "num_beam_iterations", "aggregation"),
-                  "greedy_merged": _EVAL_PLAY}
-# the searches ranking candidates by the policy's own mean token log-probability instead of the PRM
-EVAL_MODE_KEYS.update({"best_of_n_logprob": EVAL_MODE_KEYS["best_of_n"],
-                       "beam_search_logprob": EVAL_MODE_KEYS["beam_search"]})
-# two greedy attempts per instance, SFT and SCoRe policy (clemprm.rl.self_correction; its rule adds the score section)
-EVAL_MODE_KEYS["self_correct"] = _EVAL_PLAY
-EVAL_PRM_MODES = ("best_of_n", "beam_search")
-
-
 def eval_mode_params(config: dict, mode: str) -> dict:
-    """An evaluation mode rule's ``params`` (its rerun trigger), see :data:`EVAL_MODE_KEYS`."""
-    params = sections(config, "seed", "model", "games", *(["prm"] if mode in EVAL_PRM_MODES else []))
-    params["eval"] = {key: config["eval"][key] for key in EVAL_MODE_KEYS[mode]}
+    """An evaluation mode's ``params`` (its rerun trigger): seed, model, games, the eval keys it plays by and the
+    sections it reads (:data:`clemprm.modes.MODES`; ``rl``: its algorithm's, as :func:`rl_params` gives it)."""
+    spec = MODES[mode]
+    params = sections(config, "seed", "model", "games", *(name for name in spec.sections if name != "rl"))
+    params["eval"] = {key: config["eval"][key] for key in spec.keys}
+    if "rl" in spec.sections:
+        params["rl"] = rl_params(config, spec.algorithm)["rl"]
     return sorted_dict(params)
 
 

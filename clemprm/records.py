@@ -1,4 +1,4 @@
-"""Record files: the parquet schemas of every stage's output and the one writer/reader for them.
+"""Record files: the parquet schemas of every stage's output, the one writer/reader for them, and the JSON writer.
 
 Every file carries its provenance (config sections and package versions) in the parquet schema metadata
 under the key ``clemprm``; :func:`read_provenance` returns it.
@@ -174,3 +174,18 @@ def read_provenance(path: str | Path) -> dict:
         return json.loads(metadata.get(b"clemprm", b"{}"))
     except (OSError, ValueError, pa.ArrowException) as error:   # JSONDecodeError and ArrowInvalid are ValueErrors
         raise RecordFileError(f"cannot read the provenance of record file {path}: {error}") from error
+
+
+def instance_key(game, experiment, game_id) -> tuple[str, str, str]:
+    """An instance's key ``(game, experiment, game_id)`` as text: clembench reuses ids across experiments, so an id
+    alone names no instance (a playpen-data row's ``task_id`` is its ``game_id``)."""
+    return str(game), str(experiment), str(game_id)
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    """Write ``data`` as JSON atomically (no NaN: it is not JSON)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)

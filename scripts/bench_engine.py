@@ -17,10 +17,11 @@ import statistics
 import time
 
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.clemcore_runners import run_clemcore
+from tests.clemcore_runners import run_clemcore
 from clemprm.config import load_config
 from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.models.loader import ModelConfig, PolicyModel
+from clemprm.models.loader import ModelConfig
+from clemprm.models.generation import PolicyModel
 
 
 def main() -> None:

@@ -86,7 +86,7 @@ def smollm2(episodes: int, config_path: str) -> None:
     from clemprm.config import load_config
     from clemprm.play.engine import RolloutEngine, Sampling
     from clemprm.games.hanabi.rewards import REWARD_KEYS, turn_rewards
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
 
     config = load_config(config_path)
     catalog = GameCatalog(config["games"])

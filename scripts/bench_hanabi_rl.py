@@ -30,9 +30,9 @@ SCORES = ("deduction", "exact_deduction", "move_rating", "format")
 
 def state_answers(engine, catalog, policy, states: list[dict], samples: int, sampling, seed: int) -> list[dict]:
     """The game's per-turn scores of ``samples`` answers of ``policy`` at each state (one propose call)."""
-    from clemprm.play.engine import derive_seed
+    from clemprm.stats import derive_seed
     from clemprm.games.hanabi.rewards import turn_rewards
-    from clemprm.games.hanabi.states import replay_state, state_instance
+    from clemprm.stages.rl_states import replay_state, state_instance
 
     episodes = [replay_state(engine, state_instance(catalog, state), list(state["history"]), [policy],
                              f"{state['state_id']}/{s}", derive_seed(seed, "bench_hanabi_rl", state["state_id"], s))
@@ -54,7 +54,7 @@ def measure(label: str, model_settings: dict, config: dict, states: list[dict], 
     from clemprm.play.catalog import GameCatalog
     from clemprm.play.engine import RolloutEngine, Sampling
     from clemprm.rl.rewards import weighted_turn_reward
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
 
     rl = config["rl"]
     catalog = GameCatalog(config["games"])
@@ -120,7 +120,7 @@ def main() -> None:
     from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config
     from clemprm.games.hanabi.rules import DeckConfig
-    from clemprm.games.hanabi.states import self_play_states
+    from clemprm.stages.rl_states import self_play_states
 
     config = load_config(args.config)
     catalog = GameCatalog(config["games"])

@@ -87,18 +87,19 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
     import torch
     from peft import get_peft_model
 
-    from clemprm.stages import sft
     from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
-    from clemprm.stages.prm import pad_right
+    from clemprm.models.scoring import pad_right
+    from clemprm.stages import sft
+    from clemprm.training import lora_config, sample_at_most, split_instances, write_adapter
 
     cfg = ModelConfig.from_dict({**config["model"], "cache_dir": config["cache_dir"]})
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True)
     torch.manual_seed(config["seed"])
-    model = get_peft_model(model, sft.lora_config(config["sft"]["lora"], "CAUSAL_LM"))
+    model = get_peft_model(model, lora_config(config["sft"]["lora"], "CAUSAL_LM"))
     chat = sft.ChatFormat(tokenizer, cfg.chat_template_kwargs, [tokenizer.eos_token_id])
     examples, _ = sft.build_examples(sft.read_interactions(data), chat, config["sft"]["max_length"], "sft_data")
-    held_out = sft.split_instances([e.key for e in examples], config["sft"]["validation_fraction"], config["seed"])
-    train = sft.sample_at_most([e for e in examples if e.key not in held_out], 2 * steps, config["seed"])
+    held_out = split_instances([e.key for e in examples], config["sft"]["validation_fraction"], config["seed"])
+    train = sample_at_most([e for e in examples if e.key not in held_out], 2 * steps, config["seed"])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     start, losses = time.perf_counter(), []
     for step in range(steps):
@@ -112,9 +113,7 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
         optimizer.step()
         optimizer.zero_grad()
         losses.append(round(float(loss.detach()), 3))
-    tmp_root = Path(tempfile.mkdtemp(dir=adapter_dir.parent))
-    sft.save_adapter(model, cfg.spec, tmp_root, adapter_dir)
-    tmp_root.rmdir()
+    write_adapter(model, cfg.spec, adapter_dir)
     return {"steps": steps, "losses": losses, "seconds": time.perf_counter() - start}
 
 

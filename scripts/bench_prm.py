@@ -32,7 +32,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from clemprm.models.loader import ModelConfig  # noqa: E402
-from clemprm.stages.prm import PRMScorer, encode_pair  # noqa: E402
+from clemprm.models.prm import PRMScorer, encode_pair  # noqa: E402
 
 FEEDBACK = ["Your guess is too low. The number is higher.", "Your guess is too high. The number is lower.",
             "That is not a valid answer. Please answer with GUESS: and a number.", "Wrong word. Try again."]

@@ -45,7 +45,7 @@ def untrained_adapter(folder: str, threads: int) -> str:
 
     from clemprm.config import load_config
     from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
-    from clemprm.stages.sft import lora_config
+    from clemprm.training import lora_config
 
     path = os.path.join(folder, "adapter")
     if not os.path.isdir(path):
@@ -66,7 +66,7 @@ class HFOneAtATime:
     def generate(self, perspectives, seeds=None, temperature=0.7, top_p=1.0, max_new_tokens=24):
         import torch
 
-        from clemprm.models.generation import Generation
+        from clemprm.play.engine import Generation
 
         tokenizer, model = self.policy.tokenizer, self.policy.model
         out = []
@@ -86,7 +86,8 @@ class HFOneAtATime:
 def bench_rollouts(args, adapter: str) -> None:
     from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config, rl_params
-    from clemprm.play.engine import RolloutEngine, derive_seed
+    from clemprm.play.engine import RolloutEngine
+    from clemprm.stats import derive_seed
     from clemprm.rl.trainer import RLTrainer, instance_schedule, load_training_model
 
     config = load_config(overrides={"model": {"threads": args.threads},

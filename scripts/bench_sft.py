@@ -119,7 +119,8 @@ def main() -> None:
     if not args.skip_play:
         from clemprm.play.catalog import GameCatalog
         from clemprm.play.engine import RolloutEngine, Sampling
-        from clemprm.models.loader import ModelConfig, PolicyModel
+        from clemprm.models.loader import ModelConfig
+        from clemprm.models.generation import PolicyModel
 
         catalog = GameCatalog(config["games"])
         instances = catalog.all_instances("validation")

@@ -23,7 +23,7 @@ from clemprm.stages import labels
 from clemprm.play.catalog import GameCatalog
 from clemprm.config import load_config
 from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.stages.rollouts import load_policy
+from clemprm.models.generation import load_policy
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ players (clembench players implement ``_custom_response``).
         --threads 2 --games wordle,referencegame
 
 Counts are small on purpose (1 instance per split, 1 episode, K=2): it shows that each game runs as clembench
-intends, not how well the model plays. taboo and codenames need NLTK data (README: clembench games).
+intends, not how well the model plays. taboo and codenames need NLTK data (docs/games.md: clembench games).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
     episode closed as lost (0 where that yields no score), probed after each of the first answers of the game's own
     programmatic players (clembench players implement ``_custom_response``: moves in the game's format)."""
     from clemprm.play.engine import RolloutEngine, Sampling
-    from clemprm.models.generation import Generation
+    from clemprm.play.engine import Generation
     from clemprm.stages.labels import ContinuationError, closed_as_lost_score
 
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, 48))
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
     parser.add_argument("--log", default=None, help="log file (default: a temporary one)")
     args = parser.parse_args(argv)
 
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
 
     workdir = Path(tempfile.mkdtemp(prefix="clembench_suite."))
     os.chdir(workdir)  # matchit_ascii appends its players' first words to ./first_words.txt

@@ -128,7 +128,9 @@ trainers() {
 import json, sys, time
 from pathlib import Path
 import torch
-from clemprm import prm, records, sft
+from clemprm import records
+from clemprm.models.prm import load_prm
+from clemprm.stages import prm, sft
 from tests import test_prm, test_sft
 from tests.conftest import tiny_config
 
@@ -153,7 +155,7 @@ for name, train in (("sft", lambda: sft.train_sft(settings, str(work / "sft_data
           f"peak_cuda_mb={torch.cuda.max_memory_allocated() / 2**20:.0f}")
     assert metrics["status"] == "trained" and metrics["model"]["quantization"] == "nf4"
     assert cuda == {"optimizer": "paged_adamw_8bit", "bf16": True, "gradient_checkpointing": True}, cuda
-scorer = prm.load_prm(settings["model"], settings["prm"], str(work / "prm_adapter"), cache)
+scorer = load_prm(settings["model"], settings["prm"], str(work / "prm_adapter"), cache)
 scores = scorer.score(test_prm.pairs_of(test_prm.synthetic_rows()[:8]))
 assert all(0.0 < s < 1.0 for s in scores), scores
 print(f"prm scoring: {len(scores)} pairs in {scorer.stats.seconds:.2f} s, scores {[round(s, 3) for s in scores]}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clemprm.config import EVAL_MODE_KEYS, ConfigError, eval_mode_params, load_config, provenance, rl_params, sections
+from clemprm.modes import MODES
+from clemprm.config import ConfigError, eval_mode_params, load_config, provenance, rl_params, sections
 
 
 def test_default_config_is_valid():
@@ -41,17 +42,35 @@ def test_provenance_names_config_and_versions():
 
 def test_eval_mode_params_hold_only_what_the_mode_plays_by():
     config = load_config()
-    params = {mode: eval_mode_params(config, mode) for mode in EVAL_MODE_KEYS}
+    params = {mode: eval_mode_params(config, mode) for mode in MODES}
     assert set(params["greedy_base"]) == {"seed", "model", "games", "eval"}
     assert set(params["best_of_n"]) == set(params["beam_search"]) == {"seed", "model", "games", "eval", "prm"}
     assert "random_of_n" in config["eval"]["modes"] and "prm" not in params["random_of_n"]
     changed = load_config(overrides={"eval": {"bootstrap_samples": 7, "ci": 0.5, "modes": ["greedy_base"],
                                               "beam_width": 3}})
-    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(changed, mode) != params[mode]} == {"beam_search",
+    assert {mode for mode in MODES if eval_mode_params(changed, mode) != params[mode]} == {"beam_search",
                                                                                              "beam_search_logprob"}
     sampled = load_config(overrides={"eval": {"temperature": 0.3}})
-    assert {mode for mode in EVAL_MODE_KEYS if eval_mode_params(sampled, mode) != params[mode]} == \
+    assert {mode for mode in MODES if eval_mode_params(sampled, mode) != params[mode]} == \
         {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit", "best_of_n_logprob", "beam_search_logprob"}
+    assert set(params["self_correct"]) == {"seed", "model", "games", "eval", "score"}
+    assert params["best_of_n_implicit"]["rl"]["algorithm"] == "prime" and "prime" in params["best_of_n_implicit"]["rl"]
+
+
+def test_a_new_mode_is_one_row_of_the_table(monkeypatch):
+    """A mode added to clemprm.modes.MODES is valid in eval.modes, has params and a summary schema entry."""
+    from clemprm import modes
+    from clemprm.evaluation import evaluate
+
+    row = modes.EvalMode("best_of_n_wide", "sft", "best_of_n", "prm", modes.SEARCH_KEYS, ("prm",),
+                         {"sft_adapter": modes.SFT_ADAPTER, "prm_adapter": modes.PRM_ADAPTER})
+    monkeypatch.setitem(modes.MODES, row.name, row)
+    config = load_config(overrides={"eval": {"modes": ["greedy_sft", "best_of_n_wide"]}})
+    assert set(eval_mode_params(config, "best_of_n_wide")) == {"seed", "model", "games", "eval", "prm"}
+    assert "best_of_n_wide" in evaluate.summary_schema()["$defs"]["mode"]["enum"]
+    assert modes.upstream_outputs(["best_of_n_wide"])[-1] == "results/labels/soft_labels.parquet"
+    with pytest.raises(ConfigError, match="eval.modes"):
+        load_config(overrides={"eval": {"modes": ["best_of_n_narrow"]}})
 
 
 def test_the_old_rl_algorithm_key_fails_naming_its_replacement():
@@ -78,14 +97,14 @@ def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():
 
 def test_documented_snakemake_commands_name_no_target_after_configfile():
     """snakemake's ``--configfile`` takes every following word as a config file, so a target written after it fails
-    with "No such file" for the target: every command in the README and the config files puts targets before it
-    or ends the file list with ``--``."""
+    with "No such file" for the target: every command in the README, the pages of docs/ and the config files puts
+    targets before it or ends the file list with ``--``."""
     import re
     import shlex
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    documents = [repo / "README.md", *sorted((repo / "configs").glob("*.yaml"))]
+    documents = [repo / "README.md", *sorted((repo / "docs").glob("*.md")), *sorted((repo / "configs").glob("*.yaml"))]
     commands = [(path.name, match.group(0)) for path in documents
                 for match in re.finditer(r"snakemake [^\n`#(]*--configfile[^\n`#(]*", path.read_text())]
     assert len(commands) >= 4

@@ -9,7 +9,8 @@ import pytest
 
 from clemprm import records
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.clemcore_setup import import_clemcore_backends, merge_roles
+from clemprm.play.clemcore_setup import import_clemcore_backends
+from clemprm.play.chat import merge_roles
 from clemprm.play.engine import RolloutEngine, Sampling
 from tests.conftest import binary_search_answer, tiny_config
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.clemcore_runners import run_clemcore
+from tests.clemcore_runners import run_clemcore
 from clemprm.play.engine import RolloutEngine, Sampling
 from tests.conftest import binary_search_answer, tiny_config
 
@@ -21,7 +21,8 @@ INSTANCES = 6   # per game: with these, the scripted player below reaches every 
 
 @pytest.fixture(scope="module")
 def tiny_policy(test_cache_dir):
-    from clemprm.models.loader import ModelConfig, PolicyModel
+    from clemprm.models.loader import ModelConfig
+    from clemprm.models.generation import PolicyModel
     return PolicyModel(ModelConfig(spec="tiny:0", threads=1, cache_dir=test_cache_dir),
                        temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)
 

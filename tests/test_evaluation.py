@@ -33,7 +33,7 @@ def mixed_answer(messages, seed=0):
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory, scripted_policy):
     """Every mode evaluated once (same scripted policy for base and SFT), then the summary."""
-    from clemprm.models.loader import Generation
+    from clemprm.play.engine import Generation
 
     class SeededPolicy(scripted_policy):
         def generate(self, perspectives, seeds=None, **kwargs):
@@ -44,7 +44,7 @@ def eval_run(tmp_path_factory, scripted_policy):
     folder = tmp_path_factory.mktemp("eval")
     prm = ScriptedPRM(lambda messages, candidate: 0.1 if candidate == JUNK else 0.5 + 0.4 * ("GUESS: 1" != candidate))
     paths, policies = {}, {}
-    for mode in evaluate.MODES:
+    for mode in evaluate.EPISODE_MODES:
         paths[mode] = str(folder / f"{mode}.parquet")
         policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
         evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
@@ -115,7 +115,7 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
     assert set(summary["differences"]) == set(evaluate.BASELINES)
-    assert set(summary["differences"]["greedy_base"]) == set(evaluate.MODES) - {"greedy_base"}
+    assert set(summary["differences"]["greedy_base"]) == set(evaluate.EPISODE_MODES) - {"greedy_base"}
 
 
 def estimates_of(node):
@@ -156,7 +156,7 @@ def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_ru
     central ``ci`` share of the draws."""
     import numpy as np
 
-    from clemprm.play.engine import derive_seed
+    from clemprm.stats import derive_seed
 
     paths, _, _, _ = eval_run
     settings = {**SETTINGS, "eval": {**SETTINGS["eval"], "ci": ci}}
@@ -197,7 +197,7 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
 
 def test_prm_eval_json_validates_against_its_schema(eval_run):
     _, summary, path, _ = eval_run
-    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
+    schema = evaluate.summary_schema()
     written = json.loads(path.read_text())
     jsonschema.validate(written, schema)
     assert written["config"]["eval"]["split"] == "validation" and "clemcore" in written["versions"]
@@ -257,7 +257,7 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     with pytest.raises(ValueError, match="SFT adapter"):
         evaluate.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"), test_cache_dir)
 
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
     prm = ScriptedPRM(lambda messages, candidate: len(candidate))   # prefers the longer answer
     rows = evaluate.evaluate_mode("best_of_n", settings, str(tmp_path / "best_of_n.parquet"),
                                   policy=load_policy(settings["model"], test_cache_dir), prm=prm)

@@ -17,7 +17,7 @@ from clemprm.games import SPLITS, builtin_game_dir, instance_generator
 from clemprm.games.hanabi import bot, protocol
 from clemprm.games.hanabi.rewards import REWARD_KEYS, ROUND_SCORE_NAMES, turn_rewards
 from clemprm.games.hanabi.rules import Card, DeckConfig, HandCard, HanabiConfigError, HanabiState, Move
-from clemprm.games.hanabi.states import replay_state, self_play_states, state_instance, write_states
+from clemprm.stages.rl_states import replay_state, self_play_states, state_instance, write_states
 from tests.test_games import _import_clemcore, drive, new_env, score
 
 SMALL = {"name": "small", "colours": ["red", "yellow"], "ranks": 3, "rank_counts": [3, 2, 1], "hand_size": 3,

@@ -154,7 +154,7 @@ def test_labels_do_not_depend_on_the_shard_count(tiny_policy, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory, test_cache_dir):
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
     return load_policy({**tiny_config()["model"], "max_context_tokens": 2048}, test_cache_dir)
 
 

@@ -16,8 +16,9 @@ import torch  # noqa: E402
 
 import clemprm.models.generation as generation_module  # noqa: E402
 from clemprm.models.generation import Decoder, PolicyModel, SamplingParams, sample_tokens, strip_thinking  # noqa: E402
-from clemprm.models.loader import (Generation, ModelConfig, build_tiny_model, cache_root,  # noqa: E402
-                            load_tokenizer_and_model, parse_spec, resolve_model_dir)
+from clemprm.models.loader import (ModelConfig, build_tiny_model, cache_root,  # noqa: E402
+                                   load_tokenizer_and_model, parse_spec, resolve_model_dir)
+from clemprm.play.engine import Generation  # noqa: E402
 
 MESSAGES = [
     [{"role": "user", "content": "Let us play a game. I am thinking of a number from 1 to 10. GUESS: ?"}],

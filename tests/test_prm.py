@@ -8,9 +8,13 @@ import json
 import pytest
 import torch
 
-from clemprm import records
-from clemprm.stages import prm
+from clemprm import records, stats
+from clemprm.models import prm as prm_model
+from clemprm.models import scoring
+from clemprm.stages import prm, prm_metrics
 from clemprm.models.loader import ModelConfig
+from clemprm.play.chat import render_answered
+from clemprm.training import split_instances
 from tests.conftest import tiny_config
 
 MARKER = "apple"
@@ -73,7 +77,7 @@ def trained(tmp_path_factory, test_cache_dir):
                             early_stopping_patience=4)   # AUROC 1.0 on held-out instances for seeds 1-8
     metrics = prm.train_prm(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
                             str(tmp / "metrics.json"), test_cache_dir)
-    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
     return {"settings": settings, "metrics": metrics, "dir": tmp, "rows": rows, "scorer": scorer}
 
 
@@ -82,7 +86,7 @@ def trained(tmp_path_factory, test_cache_dir):
 
 def test_micro_batches_are_length_sorted_under_the_budget():
     lengths = [5, 40, 12, 40, 7, 100]
-    batches = prm.micro_batches(lengths, token_budget=80)
+    batches = scoring.micro_batches(lengths, token_budget=80)
     assert sorted(i for batch in batches for i in batch) == list(range(6))
     assert batches[0] == [5]                                             # longer than the budget: alone
     assert all(len(batch) * lengths[batch[0]] <= 80 for batch in batches[1:])
@@ -90,39 +94,38 @@ def test_micro_batches_are_length_sorted_under_the_budget():
 
 
 def test_shared_prefix_groups_keep_a_token_of_each_pair_and_a_minimum_length():
-    assert prm.common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
-    assert prm.common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2                  # identical: the last token stays
-    assert prm.common_prefix_length([[1, 2], [9, 2]]) == 0
-    base = list(range(100, 100 + prm.MIN_SHARED_TOKENS))
+    assert scoring.common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6]]) == 3
+    assert scoring.common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2                  # identical: the last token stays
+    assert scoring.common_prefix_length([[1, 2], [9, 2]]) == 0
+    base = list(range(100, 100 + scoring.MIN_SHARED_TOKENS))
     sequences = [base + [1], base + [2, 3], base[1:] + [4], [7] * 30, base + [5]]
-    groups, alone = prm.shared_prefix_groups(sequences, keys=["a", "a", "b", "c", "a"])
+    groups, alone = scoring.shared_prefix_groups(sequences, keys=["a", "a", "b", "c", "a"])
     assert [(g.shared, g.rows, g.longest) for g in groups] == [(len(base), [0, 1, 4], len(base) + 2)]
     assert alone == [2, 3]                                                       # a key's only pair
-    groups, alone = prm.shared_prefix_groups(sequences, keys=["a", "a", "a", "b", "b"])
+    groups, alone = scoring.shared_prefix_groups(sequences, keys=["a", "a", "a", "b", "b"])
     assert groups == [] and alone == [0, 1, 2, 3, 4]     # a shifted start (left truncation) shares nothing
-    assert prm.shared_prefix_groups(sequences, keys=None) == ([], [0, 1, 2, 3, 4])
-    groups = [prm.PrefixGroup(shared, [0, 1], shared + 10) for shared in (20, 50, 40)]
-    assert [[g.shared for g in batch] for batch in prm.group_batches(groups, 100)] == [[50, 40], [20]]
-    assert [[g.shared for g in batch] for batch in prm.group_batches(groups, 1000)] == [[50, 40, 20]]
-    many_rows = [prm.PrefixGroup(20, list(range(8)), 40), prm.PrefixGroup(18, [0, 1], 38)]
-    assert len(prm.group_batches(many_rows, 100)) == 2                   # 10 suffixes of 20 tokens: over budget
+    assert scoring.shared_prefix_groups(sequences, keys=None) == ([], [0, 1, 2, 3, 4])
+    groups = [scoring.PrefixGroup(shared, [0, 1], shared + 10) for shared in (20, 50, 40)]
+    assert [[g.shared for g in batch] for batch in scoring.group_batches(groups, 100)] == [[50, 40], [20]]
+    assert [[g.shared for g in batch] for batch in scoring.group_batches(groups, 1000)] == [[50, 40, 20]]
+    many_rows = [scoring.PrefixGroup(20, list(range(8)), 40), scoring.PrefixGroup(18, [0, 1], 38)]
+    assert len(scoring.group_batches(many_rows, 100)) == 2                   # 10 suffixes of 20 tokens: over budget
 
 
 def test_metric_functions():
-    assert prm.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-    assert prm.pearson([1, 1, 1], [0, 1, 0]) is None                    # a constant side
-    assert prm.ranks([0.3, 0.1, 0.3]) == [2.5, 1.0, 2.5]
-    assert prm.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
-    assert prm.auroc([0.9, 0.8, 0.1, 0.2], [1, 0.75, 0, 0.25]) == 1.0
-    assert prm.auroc([0.1, 0.9], [1, 0]) == 0.0 and prm.auroc([0.5, 0.5], [1, 0]) == 0.5
-    assert prm.auroc([0.2, 0.4], [0.7, 0.9]) is None                    # one class only
-    table = prm.calibration([0.05, 0.07, 0.95, 1.0], [0, 1, 1, 1])
+    assert stats.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert stats.pearson([1, 1, 1], [0, 1, 0]) is None                    # a constant side
+    assert stats.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert stats.auroc([0.9, 0.8, 0.1, 0.2], [1, 0.75, 0, 0.25]) == 1.0
+    assert stats.auroc([0.1, 0.9], [1, 0]) == 0.0 and stats.auroc([0.5, 0.5], [1, 0]) == 0.5
+    assert stats.auroc([0.2, 0.4], [0.7, 0.9]) is None                    # one class only
+    table = prm_metrics.calibration([0.05, 0.07, 0.95, 1.0], [0, 1, 1, 1])
     assert len(table) == 10 and [row["count"] for row in table] == [2] + [0] * 8 + [2]
     assert table[0]["mean_prediction"] == pytest.approx(0.06) and table[0]["mean_label"] == 0.5
     assert table[5]["mean_prediction"] is None
-    metrics = prm.prediction_metrics([0.5, 0.5], [1.0, 0.0])
+    metrics = prm_metrics.prediction_metrics([0.5, 0.5], [1.0, 0.0])
     assert metrics["bce"] == pytest.approx(0.6931, abs=1e-4) and metrics["mse"] == 0.25
-    assert prm.prediction_metrics([], []) is None
+    assert prm_metrics.prediction_metrics([], []) is None
     assert prm.effective_grad_accum(batch_size=8, grad_accum=16, n_train=20) == 3   # 3 batches per epoch
     assert prm.effective_grad_accum(batch_size=8, grad_accum=2, n_train=1000) == 2
 
@@ -145,7 +148,7 @@ def test_corrupt_or_invalid_labels_file_is_an_error_naming_it(tmp_path, test_cac
 def test_pair_text_merges_roles_and_appends_the_candidate_as_the_assistant_turn(trained):
     tokenizer = trained["scorer"].tokenizer
     prefix = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
-    text = prm.pair_text(tokenizer, prefix, "GUESS: 5", {"enable_thinking": False})
+    text = render_answered(tokenizer, prefix, "GUESS: 5", {"enable_thinking": False})
     assert text.startswith("<|im_start|>user\na\n\nb<|im_end|>\n<|im_start|>assistant\n")
     assert text.endswith("GUESS: 5<|im_end|>\n") and text.count("<|im_start|>") == 2
     # sequence classification pools the last non-pad token: pad must differ from the end-of-turn token
@@ -166,7 +169,7 @@ def test_training_separates_the_labels_and_beats_the_baselines(trained):
     assert validation["auroc"] > 0.95 and validation["pearson"] > 0.8 and validation["spearman"] > 0.8
     baselines = metrics["baselines"]
     validation_keys = set(metrics["examples"]["validation_instance_keys"])
-    train_labels = [row["label"] for row in trained["rows"] if "/".join(prm.instance_key(row)) not in validation_keys]
+    train_labels = [row["label"] for row in trained["rows"] if "/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) not in validation_keys]
     assert baselines["constant_mean"]["value"] == pytest.approx(sum(train_labels) / len(train_labels))
     assert baselines["constant_mean"]["validation"]["auroc"] == 0.5
     assert baselines["constant_mean"]["validation"]["pearson"] is None      # constant predictions
@@ -206,7 +209,7 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
 
     metrics = trained["metrics"]
     summary = evaluate.prm_summary(json.loads((trained["dir"] / "metrics.json").read_text()))
-    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
+    schema = evaluate.summary_schema()
     jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
     assert summary["ranking"]["scorers"] == metrics["ranking"]["scorers"]
     assert summary["instances"] == metrics["examples"]["validation_instances"] == 6
@@ -231,19 +234,19 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
 
 
 def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
-    assert prm.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
-    assert prm.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
-    assert prm.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
+    assert prm_metrics.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
+    assert prm_metrics.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
+    assert prm_metrics.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
 
 
 def test_a_baseline_is_oriented_the_way_its_train_siblings_rank():
-    examples = [prm.Example([1], False, label, ("g", "e", "0"), prefix_id=f"p{i // 2}", row=i)
+    examples = [prm.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i)
                 for i, label in enumerate([1.0, 0.0, 0.5, 0.0, 0.2, 0.2])]     # the last state's labels tie
     shorter_is_better = [1.0, 5.0, 2.0, 9.0, 3.0, 1.0]
-    assert prm.orientation(examples, shorter_is_better) == -1
-    assert prm.orientation(examples, [-x for x in shorter_is_better]) == 1
-    assert prm.orientation(examples, [1.0] * 6) == 1      # ties: not worse than chance
-    assert prm.orientation([], []) == 1 and prm.orientation(examples[:1], [1.0]) == 1   # no siblings
+    assert prm_metrics.orientation(examples, shorter_is_better) == -1
+    assert prm_metrics.orientation(examples, [-x for x in shorter_is_better]) == 1
+    assert prm_metrics.orientation(examples, [1.0] * 6) == 1      # ties: not worse than chance
+    assert prm_metrics.orientation([], []) == 1 and prm_metrics.orientation(examples[:1], [1.0]) == 1   # no siblings
 
 
 def test_pairwise_loss_orders_siblings_of_one_state_only():
@@ -264,7 +267,7 @@ def test_pairwise_loss_orders_siblings_of_one_state_only():
 
 
 def test_sampling_keeps_sibling_groups_whole():
-    examples = [prm.Example([1], False, 0.0, ("g", "e", str(i // 3)), prefix_id=f"p{i // 3}", row=i) for i in range(12)]
+    examples = [prm.Example([1], False, 0.0, ("g", "e", str(i // 3)), state_id=f"p{i // 3}", row=i) for i in range(12)]
     sampled = prm.sample_whole_groups(examples, 7, seed=3)
     assert len(sampled) == 6 and all(len(group) == 3 for group in prm.sibling_groups(sampled))
     assert prm.sample_whole_groups(examples, 7, seed=3) == sampled and prm.sample_whole_groups(examples, None, 3) == examples
@@ -310,20 +313,20 @@ def test_metrics_json_has_every_key(trained):
 def test_held_out_split_is_by_instance(trained):
     metrics = trained["metrics"]
     validation = set(metrics["examples"]["validation_instance_keys"])
-    keys = {"/".join(prm.instance_key(row)) for row in trained["rows"]}
+    keys = {"/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) for row in trained["rows"]}
     assert len(keys) == 24 and len(validation) == 6 and validation < keys    # g1/e0/3 and g1/e1/3 are two instances
     assert metrics["examples"]["validation"] == 2 * len(validation) and metrics["examples"]["train"] == 2 * 18
     assert metrics["examples"]["validation_instances"] == 6 and metrics["examples"]["train_instances"] == 18
-    assert validation == {"/".join(key) for key in prm.split_instances(
-        [prm.instance_key(row) for row in trained["rows"]], 0.25, trained["settings"]["seed"])}
+    assert validation == {"/".join(key) for key in split_instances(
+        [records.instance_key(row["game"], row["experiment"], row["game_id"]) for row in trained["rows"]], 0.25, trained["settings"]["seed"])}
 
 
 def test_reloaded_adapter_reproduces_the_scores(trained):
     metrics, scorer = trained["metrics"], trained["scorer"]
     validation = set(metrics["examples"]["validation_instance_keys"])
-    rows = [row for row in trained["rows"] if "/".join(prm.instance_key(row)) in validation]
+    rows = [row for row in trained["rows"] if "/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) in validation]
     scores = scorer.score(pairs_of(rows))
-    recomputed = prm.prediction_metrics(scores, [row["label"] for row in rows])
+    recomputed = prm_metrics.prediction_metrics(scores, [row["label"] for row in rows])
     for key in ("bce", "mse", "mean_prediction", "auroc"):
         assert recomputed[key] == pytest.approx(metrics["evaluation"]["validation"][key], abs=1e-6)
     assert all(0.0 < s < 1.0 for s in scores)
@@ -335,7 +338,7 @@ def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     pairs = pairs_of(trained["rows"][::3])
     pairs[0] = (pairs[0][0] + [{"role": "user", "content": "Think hard. " * 20}], pairs[0][1] + " and more")
     batched = scorer.score(pairs)
-    single = prm.PRMScorer(scorer.cfg, token_budget=1, tokenizer=scorer.tokenizer, model=scorer.model)
+    single = prm_model.PRMScorer(scorer.cfg, token_budget=1, tokenizer=scorer.tokenizer, model=scorer.model)
     alone = single.score(pairs)
     assert single.stats.pairs == len(pairs)
     assert torch.allclose(torch.tensor(batched), torch.tensor(alone), atol=1e-5, rtol=0)
@@ -358,9 +361,9 @@ def test_shared_prefixes_give_the_full_sequence_scores(trained):
     scorer = trained["scorer"]
     pairs = best_of_n_pairs()
     for max_length, token_budget in ((1024, 4096), (1024, 300), (40, 4096)):
-        shared = prm.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
+        shared = prm_model.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
                                tokenizer=scorer.tokenizer, model=scorer.model)
-        full = prm.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
+        full = prm_model.PRMScorer(scorer.cfg, max_length=max_length, token_budget=token_budget,
                              tokenizer=scorer.tokenizer, model=scorer.model, share_prefixes=False)
         assert shared.share_prefixes and not full.share_prefixes
         with_sharing, without = shared.score(pairs), full.score(pairs)
@@ -373,9 +376,9 @@ def test_shared_prefixes_give_the_full_sequence_scores(trained):
 
 def test_a_model_without_a_shareable_cache_scores_in_full(trained, monkeypatch, caplog):
     scorer = trained["scorer"]
-    monkeypatch.setattr(prm, "prefix_sharing_problem", lambda model: "cache layers SomeLayer")
-    with caplog.at_level("INFO", logger="clemprm.stages.prm"):
-        fallback = prm.PRMScorer(scorer.cfg, tokenizer=scorer.tokenizer, model=scorer.model)
+    monkeypatch.setattr(prm_model, "prefix_sharing_problem", lambda model: "cache layers SomeLayer")
+    with caplog.at_level("INFO", logger="clemprm.models.prm"):
+        fallback = prm_model.PRMScorer(scorer.cfg, tokenizer=scorer.tokenizer, model=scorer.model)
         pairs = best_of_n_pairs()
         scores = fallback.score(pairs) + fallback.score(pairs)
     assert not fallback.share_prefixes and fallback.stats.shared_tokens == 0
@@ -389,12 +392,12 @@ def test_truncation_keeps_the_end(trained):
     tokenizer, kwargs = scorer.tokenizer, scorer.cfg.chat_template_kwargs
     prefix = [{"role": "user", "content": f"Old turn number {i} of a long game."} for i in range(40)]
     candidate = f"I say river {MARKER}"
-    full, cut = prm.encode_pair(tokenizer, prefix, candidate, kwargs, 10_000)
-    ids, truncated = prm.encode_pair(tokenizer, prefix, candidate, kwargs, 64)
+    full, cut = prm_model.encode_pair(tokenizer, prefix, candidate, kwargs, 10_000)
+    ids, truncated = prm_model.encode_pair(tokenizer, prefix, candidate, kwargs, 64)
     assert not cut and truncated and len(full) > 64 and ids == full[-64:]
     text = tokenizer.decode(ids)
     assert text.endswith(f"{candidate}<|im_end|>\n") and "number 39" in text and "number 0 " not in text
-    short = prm.PRMScorer(scorer.cfg, max_length=64, tokenizer=tokenizer, model=scorer.model)
+    short = prm_model.PRMScorer(scorer.cfg, max_length=64, tokenizer=tokenizer, model=scorer.model)
     assert short.score([(prefix, candidate)]) == pytest.approx(scorer.score_ids([full[-64:]]), abs=1e-6)
     assert short.stats.truncated == 1
 
@@ -407,8 +410,8 @@ def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path
     metrics = prm.train_prm(settings, str(trained["dir"] / "labels.parquet"), str(tmp_path / "adapter"),
                             str(tmp_path / "metrics.json"), test_cache_dir)
     assert metrics["status"] == "trained" and metrics["model"]["quantization"] == "nf4"
-    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
-    on_full_adapter = prm.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"), test_cache_dir)
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    on_full_adapter = prm_model.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"), test_cache_dir)
     for model in (scorer.model, on_full_adapter.model):
         quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
         assert quantized and any(hasattr(m, "lora_A") and type(m.base_layer).__name__ == "Linear4bit"
@@ -418,7 +421,7 @@ def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path
     pairs = pairs_of(trained["rows"])
     full_scores = trained["scorer"].score(pairs)
     nf4_scores = scorer.score(pairs)
-    assert prm.pearson(full_scores, nf4_scores) > 0.99
+    assert stats.pearson(full_scores, nf4_scores) > 0.99
     assert max(abs(a - b) for a, b in zip(full_scores, nf4_scores)) < 0.1
     assert max(abs(a - b) for a, b in zip(full_scores, on_full_adapter.score(pairs))) < 0.05
 
@@ -469,7 +472,7 @@ def test_validation_split_branch_points_are_the_held_out_set_never_trained_or_se
     assert set(ranking["orientation"]) == {"candidate_length", "policy_logprob"}
     assert metrics["baselines"]["policy_logprob"]["orientation"] == ranking["orientation"]["policy_logprob"]
     summary = evaluate.prm_summary(json.loads((tmp_path / "m.json").read_text()))
-    schema = json.loads(evaluate.SCHEMA_PATH.read_text())
+    schema = evaluate.summary_schema()
     jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
     assert summary["side"] == "heldout" and summary["instances"] == 8
     assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["heldout"]["auroc"]
@@ -481,7 +484,7 @@ def test_empty_labels_file_writes_an_untrained_adapter(tmp_path, test_cache_dir)
     metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
     assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
     assert json.loads((tmp_path / "m.json").read_text())["status"] == metrics["status"]
-    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     assert isinstance(scorer.cfg, ModelConfig) and scorer.cfg.adapter == str(tmp_path / "adapter")
     scores = scorer.score(pairs_of(synthetic_rows()[:3]))
     assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)

@@ -18,7 +18,8 @@ from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, prime, trainer
 from clemprm.rl.implicit_scorer import load_implicit_prm
-from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, selective_log_softmax, using_adapter
+from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
+from clemprm.models.scoring import selective_log_softmax
 from clemprm.rl.rollouts import Group, Sequence, Turn
 from tests.conftest import tiny_config, train_tiny_sft
 

@@ -18,11 +18,12 @@ from clemprm.stages import merge
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.games.hanabi.rewards import turn_rewards
-from clemprm.games.hanabi.states import write_states
+from clemprm.stages.rl_states import write_states
 from clemprm.models.loader import build_tiny_model
 from clemprm.rl import grpo, rewards, trainer
 from clemprm.rl.logprobs import answer_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn, collect_groups
+from clemprm.training import write_adapter
 from tests.conftest import tiny_config
 
 WEIGHTS = {"deduction": 1.0, "move_rating": 1.0}
@@ -210,7 +211,7 @@ def test_a_fresh_lora_on_a_tied_lm_head_trains_and_merges(states_file, test_cach
     assert lm_head_b and float(lm_head_b[0].grad.abs().max()) > 0   # the lm_head LoRA gets a gradient
     rl.optimizer.step()
     assert float(lm_head_b[0].detach().abs().max()) > 0 and torch.equal(base.model.embed_tokens.weight, embedding)
-    trainer.save_adapters(model, cfg.spec, [trainer.POLICY_ADAPTER], tmp_path / "adapter")
+    write_adapter(model, cfg.spec, tmp_path / "adapter", [trainer.POLICY_ADAPTER])
     saved_adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert all("lora_" in key for key in saved_adapter)   # not PEFT's copy of the whole lm_head matrix
     merge_settings = merge.merge_params(tiny_config(model={"spec": str(tied)}, merge={"contrasts": True}), "causal-lm")

@@ -312,7 +312,7 @@ def test_self_correct_metrics_recomputed_from_the_parquet(scripted_policy, tmp_p
     rows = records.read_records(output, records.SELF_CORRECT_EPISODES)
     assert {row["game"] for row in rows} == {"guessnumber"} and len(rows) == 2 * 2 * 6 * 2
     summary = evaluate.summarize_eval({**settings, "eval": config["eval"]}, [str(output)], str(tmp_path / "s.json"))
-    jsonschema.validate(summary, json.loads(evaluate.SCHEMA_PATH.read_text()))
+    jsonschema.validate(summary, evaluate.summary_schema())
     assert summary["modes"] == {} and set(summary["self_correction"]["policies"]) == {"sft", "score"}
     for role in ("sft", "score"):
         mine = [row for row in rows if row["policy_role"] == role]

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.stats import derive_seed
 from clemprm.search import RandomScorer
 from clemprm.search.beam_search import Beam, beam_search
 from clemprm.search.best_of_n import best_of_n
@@ -18,7 +19,7 @@ JUNK = "I have no idea."
 
 
 class ScriptedPRM:
-    """A test double of :class:`clemprm.stages.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
+    """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
     is recorded."""
 
     def __init__(self, value):
@@ -37,7 +38,7 @@ def catalog():
 
 @pytest.fixture(scope="module")
 def seeded_policy(scripted_policy):
-    from clemprm.models.loader import Generation
+    from clemprm.play.engine import Generation
 
     class SeededPolicy(scripted_policy):
         """A policy whose answer is ``answer(messages, seed)``: candidates differ by seed, as sampled ones do."""
@@ -182,14 +183,14 @@ def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
 
 @pytest.fixture(scope="module")
 def tiny_policy(test_cache_dir):
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
     return load_policy(tiny_config()["model"], test_cache_dir)
 
 
 def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_policy):
     import torch
 
-    from clemprm.search.logprob import LogprobScorer
+    from clemprm.models.logprob import LogprobScorer
 
     short = [{"role": "user", "content": "Guess a number."}]
     long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
@@ -212,6 +213,7 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
     """The real PRM in the loop: trained (tiny model) on oddoneout train prompts where answers naming the marker
     word are labelled high, it then picks the marker answer among sampled ones on unseen validation prompts."""
     from clemprm import records
+    from clemprm.models.prm import load_prm
     from clemprm.stages import prm
     from tests.test_prm import MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row
 
@@ -230,7 +232,7 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
     records.write_records(labels_path, rows, records.SOFT_LABELS, {})
     prm.train_prm(settings, str(labels_path), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"),
                   test_cache_dir)
-    scorer = prm.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    scorer = load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
 
     def answer(messages, seed):  # one sample in three names the marker
         return f"ANSWER: {MARKER}" if seed % 3 == 0 else f"ANSWER: {WORDS[seed % 7]}"

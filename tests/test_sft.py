@@ -11,7 +11,10 @@ import pytest
 from clemprm import records
 from clemprm.stages import rollouts, sft
 from clemprm.checks.run_time import StageFailure
-from clemprm.models.loader import ModelConfig, PolicyModel
+from clemprm.models.loader import ModelConfig
+from clemprm.models.generation import PolicyModel
+from clemprm.play.chat import normalise
+from clemprm.training import split_instances
 from tests.conftest import binary_search_answer, tiny_config
 
 # A tiny synthetic task: three prompts, each with one fixed answer, over several instances (so validation
@@ -66,7 +69,7 @@ def test_turn_pairs_one_per_assistant_turn_with_roles_merged():
     messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
                 {"role": "assistant", "content": "1"}, {"role": "user", "content": "c"},
                 {"role": "assistant", "content": "2"}]
-    pairs = sft.turn_pairs(sft.normalise(messages))
+    pairs = sft.turn_pairs(normalise(messages))
     assert [answer for _, answer in pairs] == ["1", "2"]
     assert pairs[0][0] == [{"role": "user", "content": "a\n\nb"}]
     assert [m["role"] for m in pairs[1][0]] == ["user", "assistant", "user"]
@@ -88,12 +91,12 @@ def test_shortening_drops_oldest_exchanges_keeping_head_and_last_prompt():
 def test_split_is_by_instance_and_keeps_experiments_apart():
     # the same task_id in two experiments is two instances
     keys = [(game, experiment, str(task)) for game in ("g1", "g2") for experiment in ("e1", "e2") for task in range(5)]
-    validation = sft.split_instances(keys * 3, 0.2, seed=1)
+    validation = split_instances(keys * 3, 0.2, seed=1)
     assert len(validation) == 4 and {key[0] for key in validation} == {"g1", "g2"}
-    assert validation == sft.split_instances(list(reversed(keys)), 0.2, seed=1)  # deterministic, order-free
-    assert validation != sft.split_instances(keys, 0.2, seed=2)
-    assert sft.split_instances(keys[:1], 0.5, seed=1) == set()                  # one instance: nothing held out
-    assert len(sft.split_instances(keys[:2], 0.9, seed=1)) == 1                 # never all of them
+    assert validation == split_instances(list(reversed(keys)), 0.2, seed=1)  # deterministic, order-free
+    assert validation != split_instances(keys, 0.2, seed=2)
+    assert split_instances(keys[:1], 0.5, seed=1) == set()                  # one instance: nothing held out
+    assert len(split_instances(keys[:2], 0.9, seed=1)) == 1                 # never all of them
 
 
 def test_read_interactions_parquet_jsonl_and_success_filter(tmp_path):
@@ -227,9 +230,9 @@ def test_qlora_nf4_on_cpu_with_instance_split_and_eval_per_epoch(tmp_path, test_
                             test_cache_dir)
     assert metrics["model"]["quantization"] == "nf4" and metrics["status"] == "trained"
     # held out by instance: 3 of the 12 instances, with both rows of each
-    keys = [sft.instance_key(row["meta"]) for row in rows]
+    keys = [records.instance_key(row["meta"]["game"], row["meta"]["experiment"], row["meta"]["task_id"]) for row in rows]
     assert metrics["examples"]["validation_instance_keys"] == sorted(
-        "/".join(key) for key in sft.split_instances(keys, 0.25, settings["seed"]))
+        "/".join(key) for key in split_instances(keys, 0.25, settings["seed"]))
     assert metrics["examples"]["validation"] == 2 * 3 and metrics["examples"]["train"] == 2 * 9
     history = metrics["history"]
     assert [row["epoch"] for row in history] == [0, 1, 2, 3]
@@ -266,7 +269,7 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, test_cache_dir):
                                      adapter=str(tmp_path / "adapter")))
     chat = sft.ChatFormat(policy.tokenizer, policy.cfg.chat_template_kwargs, [policy.tokenizer.eos_token_id])
     validation = set(metrics["examples"]["validation_instance_keys"])
-    examples, _ = sft.build_examples([row for row in rows * 2 if "/".join(sft.instance_key(row["meta"])) in validation],
+    examples, _ = sft.build_examples([row for row in rows * 2 if "/".join(records.instance_key(row["meta"]["game"], row["meta"]["experiment"], row["meta"]["task_id"])) in validation],
                                      chat, 1024, "sft_data")
     total, count = 0.0, 0
     with torch.no_grad():

@@ -71,8 +71,13 @@ def prepare_workdir(path: Path, cache_dir: str) -> Path:
 
 
 def planned_rules(dry_run_output: str) -> set[str]:
-    """The rules a dry run would run (its `rule <name>:` / `localrule <name>:` lines)."""
-    return set(re.findall(r"^(?:local)?rule (\w+):", dry_run_output, flags=re.MULTILINE))
+    """The jobs a dry run would run, by rule name (its `rule <name>:` / `localrule <name>:` blocks); an eval job by
+    its mode (the one ``eval_mode`` rule's wildcard), as every mode used to be a rule of its own."""
+    jobs = set()
+    for rule, block in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+\S.*\n?)*)", dry_run_output, flags=re.MULTILINE):
+        mode = re.search(r"^\s+wildcards: mode=(\w+)", block, flags=re.MULTILINE)
+        jobs.add(mode.group(1) if rule == "eval_mode" and mode else rule)
+    return jobs
 
 
 def planned_outputs(dry_run_output: str) -> set[str]:
@@ -115,10 +120,9 @@ def changed_config(run: CompletedRun, folder: Path, **sections) -> Path:
 
 
 def test_dry_run_lists_the_rules(workdir):
-    output = snakemake(workdir, "-n").stdout
-    for rule in ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
-                 "all"):
-        assert rule in output
+    planned = planned_rules(snakemake(workdir, "-n").stdout)
+    assert {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
+            "prm_adapter", "eval_summary", "all", *DEFAULT_EVAL_MODES} <= planned
 
 
 def test_malformed_config_fails_at_parse_time_naming_the_key(workdir):
@@ -166,7 +170,7 @@ def test_prm_adapter(completed_run):
 def test_eval_modes_and_summary(completed_run):
     results = completed_run.workdir / "results"
     summary = json.loads((results / "prm_eval.json").read_text())
-    jsonschema.validate(summary, json.loads(evaluate.SCHEMA_PATH.read_text()))
+    jsonschema.validate(summary, evaluate.summary_schema())
     assert set(summary["modes"]) == EVAL_MODES
     for mode in EVAL_MODES:
         rows = records.read_records(results / f"eval/{mode}.parquet", records.EVAL_EPISODES)
@@ -231,7 +235,7 @@ def test_every_rule_logs_and_benchmarks(completed_run):
     assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures"} <= finished
     for rule in finished:   # a rule with wildcards (a label shard, a merge) logs into a folder of its name
         name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft", "rl_adapter": "rl_adapter/grpo",
-                "greedy_rl": "greedy_rl/grpo"}.get(rule, rule)
+                "eval_mode": "eval/greedy_rl_grpo"}.get(rule, rule)
         assert "rule " in (results / f"logs/{name}.log").read_text(), rule
         assert (results / f"benchmarks/{name}.tsv").exists(), rule
     assert "episodes done" in (results / "logs/base_rollouts.log").read_text()
@@ -268,12 +272,12 @@ RERUNS = {
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
              {"beam_search", "eval_summary", "eval_report_figures", "self_correction_figure", "all"}, None),
     # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
-    "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl", "eval_summary"},
+    "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "eval_summary"},
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}),
     # score.* reruns SCoRe, its eval mode, the summary and the figures after it; no other stage or mode
     "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
               set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "rl_adapter",
-                               "greedy_rl", "prm_adapter"}),
+                               "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
 }

@@ -90,7 +90,7 @@ def clembench_problems(games: dict) -> list[str]:
             problems.append(f"game {name!r} needs the NLTK data {', '.join(absent)}, which NLTK does not find here "
                             f"(on a machine with network: python -m nltk.downloader -d DIR {' '.join(absent)}, then "
                             f"set NLTK_DATA=DIR; NLTK also refuses data writable by other accounts: chmod -R go-w "
-                            f"DIR; README: clembench games)")
+                            f"DIR; docs/games.md: clembench games)")
     return problems
 
 

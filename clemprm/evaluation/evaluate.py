@@ -1,23 +1,11 @@
 """PRM-guided evaluation: each mode plays the eval split; one summary with bootstrap CIs (``results/prm_eval.json``).
 
-Modes (each its own rule and ``results/eval/<mode>.parquet``, rows of :data:`clemprm.records.EVAL_EPISODES`):
-
-``greedy_base``  the base policy (``model``), temperature 0
-``greedy_sft``   the SFT policy (``model`` + the SFT adapter), temperature 0
-``greedy_rl_grpo``, ``greedy_rl_prime``  the RL policy of that algorithm (``model`` + the RL adapter of
-                 ``rl_adapter``, ``results/rl/<algorithm>/adapter``), temperature 0
-``random_of_n``  the SFT policy; the same N candidates per turn as ``best_of_n``, one played at random: the
-                 control that tells what the PRM's ranking adds to sampling N answers
-``best_of_n``    the SFT policy; N sampled candidates per turn, the PRM's favourite is played
-``beam_search``  the SFT policy; beams of forked games ranked by the PRM
-``greedy_merged`` the merged SFT checkpoint (``results/merged/sft``, :mod:`clemprm.stages.merge`), temperature 0: on CPU in
-                 fp32 it plays the episodes of ``greedy_sft``; only played when listed in ``eval.modes``
-``best_of_n_implicit``  ``best_of_n`` with PRIME's implicit PRM (:mod:`clemprm.rl.implicit_scorer`) instead of the
-                 Monte-Carlo PRM: the same candidates (same seeds), another ranking
-``best_of_n_logprob``, ``beam_search_logprob``  the same searches ranking by the policy's own mean token
-                 log-probability (:mod:`clemprm.search.logprob`): the PRM-free pick a PRM must beat
-``self_correct``  SCoRe's two attempts per instance (greedy) for the SFT and the SCoRe policy
-                 (:mod:`clemprm.rl.self_correction`); summarized apart, as ``self_correction`` (not in ``modes``)
+A mode is one row of :data:`clemprm.modes.MODES` (the policy it plays, its search and the scorer ranking the
+search's candidates); each writes ``results/eval/<mode>.parquet`` (rows of :data:`clemprm.records.EVAL_EPISODES`).
+``random_of_n`` plays ``best_of_n``'s very candidates (same seeds) and picks one at random: the control that tells
+what a ranking adds to sampling N answers; the ``*_logprob`` modes rank by the policy's own mean token
+log-probability (:mod:`clemprm.models.logprob`), the PRM-free pick a PRM must beat; ``self_correct`` (SCoRe's two
+attempts, :mod:`clemprm.rl.self_correction`) is summarized apart, as ``self_correction``.
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -27,8 +15,8 @@ episodes), clemscore and success rate. Overall is clembench's macro average: % p
 rate are averaged over games (a game without a played episode has no quality and is left out of that mean),
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
-episodes of a drawn instance come along). Differences of every mode to ``greedy_sft``, ``greedy_base``,
-``random_of_n``, ``best_of_n_logprob`` and ``greedy_rl_grpo`` (so PRIME's policy is compared with GRPO's) use
+episodes of a drawn instance come along). Differences of every mode to the baselines of the table (``greedy_sft``,
+``greedy_base``, ``random_of_n``, ``best_of_n_logprob``, ``greedy_rl_grpo``: PRIME's policy is compared with GRPO's) use
 paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
 """
 
@@ -36,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -44,60 +31,94 @@ import jsonschema
 import numpy as np
 import pandas as pd
 
-from clemprm import records
-from clemprm.play.catalog import GameCatalog
+from clemprm import records, stats
 from clemprm.checks.run_time import (check_episodes, check_instances, failures_by_game, marks_metadata,
                                      read_failure_marks)
-from clemprm.config import EVAL_MODE_KEYS, EVAL_PRM_MODES, provenance
-from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed
-from clemprm.stages.labels import sft_policy_settings
+from clemprm.config import provenance
+from clemprm.models.loader import policy_settings
+from clemprm.models.logprob import LogprobScorer
+from clemprm.modes import MODES, SELF_CORRECT, EvalMode
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.engine import Episode, RolloutEngine, Sampling
 from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
-from clemprm.search.logprob import LogprobScorer
-from clemprm.stages.sft import write_json
-from clemprm.stages.rollouts import load_policy, summarize
+from clemprm.stages.rollouts import summarize
+from clemprm.stats import OVERALL
 
 log = logging.getLogger(__name__)
 
-SELF_CORRECT = "self_correct"   # two attempts x two policies (clemprm.rl.self_correction), not a one-policy mode
-MODES = tuple(mode for mode in EVAL_MODE_KEYS if mode != SELF_CORRECT)
-PRM_MODES = EVAL_PRM_MODES
-LOGPROB_MODES = ("best_of_n_logprob", "beam_search_logprob")  # scored by the policy's mean token log-probability
-SAMPLING_MODES = tuple(mode for mode, keys in EVAL_MODE_KEYS.items() if "temperature" in keys)
-BASELINES = ("greedy_sft", "greedy_base", "random_of_n", "best_of_n_logprob", "greedy_rl_grpo")
-RL_MODE_PREFIX = "greedy_rl_"   # + the algorithm
-METRICS = ("percent_played", "quality", "clemscore", "success_rate")
-OVERALL = "overall"
+BASELINES = tuple(name for name, mode in MODES.items() if mode.baseline)
+# the modes whose episodes the summary's modes and differences cover (self_correct has its own entry)
+EPISODE_MODES = tuple(name for name in MODES if name != SELF_CORRECT)
 SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
 
 
 # ------------------------------------------------------------------------------------------------ playing
 
 
-def mode_sampling(mode: str, eval_settings: dict) -> Sampling:
+def mode_sampling(mode: EvalMode, eval_settings: dict) -> Sampling:
     """Greedy modes decode at temperature 0; the searches sample their candidates."""
-    if mode in SAMPLING_MODES:
+    if mode.samples:
         return Sampling(eval_settings["temperature"], eval_settings["top_p"], eval_settings["max_new_tokens"])
     return Sampling(0.0, 1.0, eval_settings["max_new_tokens"])
 
 
-def play(mode: str, engine: RolloutEngine, episodes: list[Episode], prm,
+def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
-    if mode in ("best_of_n", "best_of_n_implicit", "best_of_n_logprob"):
-        return episodes, best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
-    if mode == "random_of_n":
-        costs = best_of_n(engine, episodes, prm, eval_settings["n"], engine.sampling, label=mode)
-        for cost in costs:
-            cost.prm_pairs = 0  # a random pick scores nothing
+    if mode.search == "best_of_n":
+        costs = best_of_n(engine, episodes, scorer, eval_settings["n"], engine.sampling, label=mode.name)
+        if mode.scorer == "random":
+            for cost in costs:
+                cost.prm_pairs = 0  # a random pick scores nothing
         return episodes, costs
-    if mode in ("beam_search", "beam_search_logprob"):
-        return beam_search(engine, episodes, prm, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
+    if mode.search == "beam_search":
+        return beam_search(engine, episodes, scorer, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
                            iterations=eval_settings["num_beam_iterations"], sampling=engine.sampling,
-                           aggregation=eval_settings["aggregation"])
-    engine.run(episodes, label=mode)
+                           aggregation=eval_settings["aggregation"], label=mode.name)
+    engine.run(episodes, label=mode.name)
     return episodes, [greedy_cost(episode) for episode in episodes]
+
+
+def required_input(mode: EvalMode, inputs: dict, name: str) -> str:
+    if not inputs.get(name):
+        raise ValueError(f"eval mode {mode.name} needs its {name} ({mode.inputs[name]}): give it")
+    return str(inputs[name])
+
+
+def load_mode_policy(mode: EvalMode, settings: dict, inputs: dict, cache_dir: str | None):
+    """The policy ``mode`` plays: the base model, the merged SFT checkpoint, or the base with the SFT or RL adapter."""
+    from clemprm.models.generation import load_policy   # torch: imported by the jobs that play
+
+    if mode.policy == "base":
+        return load_policy(settings["model"], cache_dir)
+    if mode.policy == "merged":
+        merged = required_input(mode, inputs, "merged_model")
+        return load_policy({**settings["model"], "spec": merged, "adapter": None}, cache_dir)
+    adapter = required_input(mode, inputs, "rl_adapter" if mode.policy == "rl" else "sft_adapter")
+    return load_policy(policy_settings(settings["model"], adapter), cache_dir)
+
+
+def load_mode_scorer(mode: EvalMode, settings: dict, inputs: dict, policy, cache_dir: str | None):
+    """``(scorer, its adapter)`` ranking ``mode``'s candidates (None for greedy play)."""
+    if mode.scorer == "random":
+        return RandomScorer(settings["seed"]), None
+    if mode.scorer == "logprob":
+        return LogprobScorer(policy), None
+    if mode.scorer == "prm":
+        from clemprm.models.prm import load_prm
+
+        adapter = required_input(mode, inputs, "prm_adapter")
+        return load_prm(settings["model"], settings["prm"], adapter, cache_dir), adapter
+    if mode.scorer == "implicit":
+        from clemprm.rl.implicit_scorer import load_implicit_prm
+
+        rl_adapter = required_input(mode, inputs, "rl_adapter")
+        scorer = load_implicit_prm(settings["model"], rl_adapter, required_input(mode, inputs, "sft_adapter"),
+                                   settings["rl"]["prime"]["beta"], cache_dir)
+        return scorer, f"{rl_adapter}/prm"
+    return None, None
 
 
 def stats_dict(stats) -> dict | None:
@@ -116,75 +137,51 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
             "prm": None if prm is None else {"adapter": prm_adapter, "stats": stats_dict(getattr(prm, "stats", None))}}
 
 
-def evaluate_mode(mode: str, settings: dict, output: str, cache_dir: str | None = None, sft_adapter: str | None = None,
-                  prm_adapter: str | None = None, *, merged_model: str | None = None, rl_adapter: str | None = None,
-                  policy=None, prm=None, on_failure: str = "stop", score_adapter: str | None = None) -> list[dict]:
-    """Play the ``eval.split`` instances of every configured game in ``mode``; write the per-episode parquet.
+def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None = None, *, policy=None, prm=None,
+                  on_failure: str = "stop", **inputs: str | None) -> list[dict]:
+    """Play the ``eval.split`` instances of every configured game in mode ``name``; write the per-episode parquet.
 
-    ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`: seed, model, games, the mode's eval
-    keys; prm for the PRM modes). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
-    always picks with a :class:`~clemprm.search.RandomScorer`; the ``*_logprob`` modes score with a
-    :class:`~clemprm.search.logprob.LogprobScorer` of ``policy`` unless ``prm`` is given). The parquet's provenance
-    also holds the run (policy, PRM adapter, wall seconds of play, model counters) and the failure marks of
-    ``on_failure: continue`` (a mode in which every episode of a game failed otherwise fails,
-    :mod:`clemprm.checks.run_time`).
-    ``merged_model``: the merged SFT folder (:mod:`clemprm.stages.merge`) that ``greedy_merged`` plays.
+    ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`). ``inputs``: the files the mode reads,
+    named as in its row of :data:`clemprm.modes.MODES` (``sft_adapter``, ``prm_adapter``, ``rl_adapter``,
+    ``merged_model``, ``score_adapter``). ``policy`` and ``prm`` replace the loaded models (tests; ``random_of_n``
+    always picks with a :class:`~clemprm.search.RandomScorer`). The parquet's provenance also holds the run (policy,
+    scorer adapter, wall seconds of play, model counters) and the failure marks of ``on_failure: continue`` (a mode in
+    which every episode of a game failed otherwise fails, :mod:`clemprm.checks.run_time`).
     """
-    if mode == SELF_CORRECT:   # SCoRe's mode (settings: + score)
+    if name not in MODES:
+        raise ValueError(f"unknown eval mode {name!r} (known: {', '.join(MODES)})")
+    mode = MODES[name]
+    if mode.search == "self_correct":   # two policies, two attempts
         from clemprm.rl.self_correction import evaluate_self_correct
 
-        return evaluate_self_correct(settings, output, cache_dir, sft_adapter=sft_adapter, score_adapter=score_adapter,
-                                     on_failure=on_failure)
-    if mode not in MODES:
-        raise ValueError(f"unknown eval mode {mode!r} (known: {', '.join(MODES + (SELF_CORRECT,))})")
+        return evaluate_self_correct(settings, output, cache_dir, sft_adapter=inputs.get("sft_adapter"),
+                                     score_adapter=inputs.get("score_adapter"), on_failure=on_failure)
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
-    split_marks = check_instances(f"eval {mode}", catalog, eval_settings["split"], on_failure)
+    split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
-    if policy is None and mode == "greedy_merged":
-        if not merged_model:
-            raise ValueError("eval mode greedy_merged plays the merged SFT checkpoint: give its folder")
-        policy = load_policy({**settings["model"], "spec": str(merged_model), "adapter": None}, cache_dir)
-    if policy is None and mode.startswith(RL_MODE_PREFIX):
-        if not rl_adapter:
-            raise ValueError(f"eval mode {mode} plays the RL policy: give the RL adapter folder")
-        policy = load_policy(sft_policy_settings(settings["model"], rl_adapter), cache_dir)
-    if policy is None:
-        if mode != "greedy_base" and not sft_adapter:
-            raise ValueError(f"eval mode {mode} plays the SFT policy: give the SFT adapter folder")
-        model = settings["model"] if mode == "greedy_base" else sft_policy_settings(settings["model"], sft_adapter)
-        policy = load_policy(model, cache_dir)
-    if mode in PRM_MODES and prm is None:
-        from clemprm.stages.prm import load_prm
-
-        prm = load_prm(settings["model"], settings["prm"], prm_adapter, cache_dir)
-    if mode == "best_of_n_implicit" and prm is None:
-        from clemprm.rl.implicit_scorer import load_implicit_prm
-
-        prm = load_implicit_prm(settings["model"], rl_adapter, sft_adapter, settings["rl"]["prime"]["beta"], cache_dir)
-        prm_adapter = f"{rl_adapter}/prm"
-    if mode == "random_of_n":
-        prm = RandomScorer(settings["seed"])
-    if mode in LOGPROB_MODES and prm is None:
-        prm = LogprobScorer(policy)
+    policy = policy or load_mode_policy(mode, settings, inputs, cache_dir)
+    if prm is not None and mode.scorer not in (None, "random"):
+        scorer, scorer_adapter = prm, inputs.get("prm_adapter")
+    else:
+        scorer, scorer_adapter = load_mode_scorer(mode, settings, inputs, policy, cache_dir)
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
-    log.info("eval %s: %d %s instances x %d episodes, policy %s", mode, len(instances), eval_settings["split"],
+    log.info("eval %s: %d %s instances x %d episodes, policy %s", name, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
     start = time.perf_counter()
     # one stage name for every mode: the same episode seeds, so modes pair episode by episode
     episodes = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"],
                                 base_seed=settings["seed"], stage="eval")
-    episodes, costs = play(mode, engine, episodes, prm, eval_settings)
+    episodes, costs = play(mode, engine, episodes, scorer, eval_settings)
     seconds = time.perf_counter() - start
-    rows = [{**episode.record(policy.name, engine.sampling), "mode": mode, "policy_tokens": cost.policy_tokens,
+    rows = [{**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
-    log.info("eval %s: %d episodes in %.0f s\n%s", mode, len(rows), seconds, summarize(rows) if rows else "(no episode)")
-    marks = split_marks + check_episodes(f"eval {mode}", rows, on_failure)
-    scorer = prm if mode in PRM_MODES + LOGPROB_MODES + ("best_of_n_implicit",) else None
-    run = run_info(mode, seconds, policy, scorer, prm_adapter)
+    log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds, summarize(rows) if rows else "(no episode)")
+    marks = split_marks + check_episodes(f"eval {name}", rows, on_failure)
+    run = run_info(name, seconds, policy, None if mode.scorer == "random" else scorer, scorer_adapter)
     records.write_records(output, rows, records.EVAL_EPISODES,
                           {**provenance(settings), "run": run, **marks_metadata(marks)})
-    log.info("eval %s -> %s", mode, output)
+    log.info("eval %s -> %s", name, output)
     return rows
 
 
@@ -219,59 +216,20 @@ def game_metrics(table: pd.DataFrame, weights: np.ndarray) -> dict[str, np.ndarr
             "success_rate": 100 * success / episodes}
 
 
-def macro(per_game: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Overall metrics, clembench's way: averages over games; clemscore from the averaged % played and quality."""
-    def stack(metric):
-        return np.vstack([metrics[metric] for metrics in per_game])
-
-    percent_played = stack("percent_played").mean(axis=0)
-    qualities = stack("quality")
-    defined = ~np.isnan(qualities)
-    quality = np.where(defined.any(axis=0), np.nansum(qualities, axis=0) / np.maximum(defined.sum(axis=0), 1), np.nan)
-    return {"percent_played": percent_played, "quality": quality, "clemscore": clemscore(percent_played, quality),
-            "success_rate": stack("success_rate").mean(axis=0)}
-
-
-def metric_arrays(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
-    """Metric arrays per game and overall under per-game instance ``weights``."""
+def mode_statistic(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per game and overall (clembench's macro average over games; clemscore from the averaged % played and
+    quality): a :data:`clemprm.stats.Statistic` of :func:`instance_table` rows."""
     per_game = {game: game_metrics(table, weights[game]) for game, table in tables.items()}
-    return {**per_game, OVERALL: macro(list(per_game.values()))}
-
-
-def bootstrap_weights(tables: dict[str, pd.DataFrame], samples: int, seed: int) -> dict[str, np.ndarray]:
-    """Per game, ``samples`` draws of its instances with replacement (as counts), seeded per game and size: two
-    modes on the same instances get the same draws (paired), and a game's draws do not depend on other games."""
-    weights = {}
-    for game, table in tables.items():
-        rng = np.random.default_rng(derive_seed(seed, "bootstrap", game, len(table)))
-        weights[game] = rng.multinomial(len(table), np.full(len(table), 1 / len(table)), size=samples)
-    return weights
-
-
-def interval(point: float, draws: np.ndarray, ci: float) -> dict:
-    """Point estimate and percentile bootstrap interval; null where undefined (e.g. quality with nothing played)."""
-    draws = draws[~np.isnan(draws)]
-    if math.isnan(point) or not draws.size:
-        return {"value": None, "ci_low": None, "ci_high": None}
-    low, high = np.percentile(draws, [50 * (1 - ci), 50 * (1 + ci)])
-    return {"value": float(point), "ci_low": float(low), "ci_high": float(high)}
-
-
-def estimates(points: dict[str, dict], draws: dict[str, dict], ci: float) -> dict[str, dict]:
-    return {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in METRICS}
-            for group in points}
-
-
-def split_by_game(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    return {game: part for game, part in table.groupby(level="game", sort=True)}
+    overall = stats.macro_average(list(per_game.values()), ("percent_played", "quality", "success_rate"))
+    overall["clemscore"] = clemscore(overall["percent_played"], overall["quality"])
+    return {**per_game, OVERALL: overall}
 
 
 def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float, rows: list[dict] | None = None) -> dict:
     """Metrics of one mode per game and overall, with bootstrap CIs and episode/instance counts; with the mode's
     episode ``rows``, also the failed episodes (an exception in game code or scorer) and the first error per game."""
-    tables = split_by_game(table)
-    points = metric_arrays(tables, {game: np.ones((1, len(part))) for game, part in tables.items()})
-    result = estimates(points, metric_arrays(tables, bootstrap_weights(tables, samples, seed)), ci)
+    tables = stats.split_by_game(table)
+    result = stats.bootstrap(tables, mode_statistic, samples, seed, ci)
     for game, part in tables.items():
         result[game].update(episodes=int(part["episodes"].sum()), instances=len(part))
     result[OVERALL].update(episodes=int(table["episodes"].sum()), instances=len(table))
@@ -287,21 +245,7 @@ def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float, rows
 def difference(table: pd.DataFrame, baseline: pd.DataFrame, samples: int, seed: int, ci: float) -> dict:
     """``mode - baseline`` per game and overall on the instances both played, with paired bootstrap CIs ({} when
     they share none)."""
-    common = table.index.intersection(baseline.index)
-    if common.empty:
-        return {}
-    a, b = split_by_game(table.loc[common]), split_by_game(baseline.loc[common])
-    ones = {game: np.ones((1, len(part))) for game, part in a.items()}
-    weights = bootstrap_weights(a, samples, seed)
-    points = _subtract(metric_arrays(a, ones), metric_arrays(b, ones))
-    result = estimates(points, _subtract(metric_arrays(a, weights), metric_arrays(b, weights)), ci)
-    for group in result:
-        result[group]["instances"] = len(common) if group == OVERALL else len(a[group])
-    return result
-
-
-def _subtract(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
-    return {group: {metric: a[group][metric] - b[group][metric] for metric in METRICS} for group in a}
+    return stats.paired_difference(table, baseline, mode_statistic, samples, seed, ci)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -323,7 +267,7 @@ def prm_summary(prm_metrics: dict) -> dict | None:
     branch points, else the validation slice of train instances) as the summary
     shows them: ``global`` (BCE, MSE, correlations and AUROC against the labels, across states) and ``ranking``
     (within-prefix pairwise accuracy, top-1 regret and the label of the pick among siblings, with bootstrap CIs,
-    :func:`clemprm.stages.prm.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
+    :func:`clemprm.stages.prm_metrics.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
     siblings of a state: their pick is a random pick's expectation. None when the PRM was not trained."""
     ranking = prm_metrics.get("ranking")
     if not ranking:
@@ -336,6 +280,14 @@ def prm_summary(prm_metrics: dict) -> dict | None:
             "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
                        for name, block in blocks.items() if name in RANKING_SCORERS and block},
             "ranking": {key: value for key, value in ranking.items() if key != "side"}}
+
+
+def summary_schema() -> dict:
+    """The schema of ``prm_eval.json``, with the modes and baselines of :data:`clemprm.modes.MODES` filled in."""
+    schema = json.loads(SCHEMA_PATH.read_text())
+    schema["$defs"]["mode"] = {"enum": list(EPISODE_MODES)}
+    schema["properties"]["differences"]["propertyNames"] = {"enum": list(BASELINES)}
+    return schema
 
 
 def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = (),
@@ -378,8 +330,8 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
         from clemprm.rl.self_correction import self_correction_summary
 
         summary["self_correction"] = self_correction_summary(self_correct[0], samples, seed, ci)
-    jsonschema.validate(summary, json.loads(SCHEMA_PATH.read_text()))
-    write_json(output, summary)
+    jsonschema.validate(summary, summary_schema())
+    records.write_json(output, summary)
     log.info("eval summary -> %s\n%s", output, summary_lines(summary))
     if summary.get("prm"):
         log.info("PRM on its held-out states (%s instances):\n%s", summary["prm"]["instances"],

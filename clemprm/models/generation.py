@@ -26,7 +26,6 @@ settings, not on the other rows of the batch nor their order (up to float roundi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import logging
 import re
@@ -38,8 +37,11 @@ from typing import Any
 import torch
 
 from clemprm.models import gated_delta
-from clemprm.play.clemcore_setup import import_clemcore_backends, merge_roles
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+from clemprm.models.scoring import Counters, common_prefix_length
+from clemprm.play.chat import end_token_ids, render_prompt
+from clemprm.play.clemcore_setup import import_clemcore_backends
+from clemprm.play.engine import Generation
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +55,8 @@ FAST_DECODE_ATTENTION = True  # one-token attention steps on CPU without the SDP
 
 
 @dataclass
-class Generation:
-    """One answer. ``raw_text``: the new tokens decoded with special tokens (the end token) skipped;
-    ``text``: what the game sees, ``raw_text`` without ``<think>`` blocks, stripped. ``new_tokens`` counts the
-    end token. On ``error`` (e.g. "context too long: 3000 > 2048 tokens") text is "" and nothing was generated."""
-
-    text: str
-    raw_text: str
-    prompt_tokens: int
-    new_tokens: int
-    error: str | None = None
-    finish_reason: str = "stop"   # "stop" (an end token), "length" (max_new_tokens reached) or "error"
-    # the tokens behind the answer, for training on what was played (clemprm.rl): the rendered prompt's ids and
-    # the generated ids (end token included); None where nothing was generated or a policy does not tokenise
-    prompt_ids: list[int] | None = None
-    token_ids: list[int] | None = None
-
-
-@dataclass
-class GenerationStats:
-    """Running counters of a :class:`PolicyModel` (also readable as ``stats["new_tokens"]``)."""
+class GenerationStats(Counters):
+    """Running counters of a :class:`PolicyModel`."""
 
     calls: int = 0
     prompts: int = 0
@@ -80,12 +64,6 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
-
-    def __getitem__(self, key: str):
-        return getattr(self, key)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
     @property
     def tokens_per_second(self) -> float:
@@ -665,12 +643,7 @@ class Decoder:
         Models with recurrent layers (e.g. Qwen3.5's Gated DeltaNet) prefill every row in full."""
         device = self.device
         count = len(unique_prompts)
-        shortest = min(len(p) for p in unique_prompts)
-        shared = 0
-        if count > 1:
-            first = unique_prompts[0]
-            while shared < shortest - 1 and all(p[shared] == first[shared] for p in unique_prompts):
-                shared += 1
+        shared = common_prefix_length(unique_prompts) if count > 1 else 0
         suffixes = [p[shared:] for p in unique_prompts]
         width = max(len(p) for p in suffixes)
         cache = make_cache(self.model, shared + width + n_new)
@@ -816,8 +789,7 @@ class PolicyModel(_backends.BatchGenerativeModel):
         ignored = unsupported_generation_settings(generation_config) if generation_config is not None else {}
         if ignored:
             log.warning("%s: generation config settings not applied by clemprm's decoder: %s", self.name, ignored)
-        eos_ids = [i for i in ([tokenizer.eos_token_id] + _as_list(getattr(generation_config, "eos_token_id", None)))
-                   if i is not None]
+        eos_ids = end_token_ids(tokenizer, generation_config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         self.decoder = Decoder(model, eos_token_ids=eos_ids, pad_token_id=pad,
                                sequence_bias=sequence_bias_of(generation_config),
@@ -853,9 +825,8 @@ class PolicyModel(_backends.BatchGenerativeModel):
         return opened_ids[len(conversation_ids):]
 
     def render(self, messages: list[dict]) -> str:
-        """The prompt text: roles merged as clemcore backends do, chat template with the generation prompt."""
-        return self.tokenizer.apply_chat_template(merge_roles(messages), add_generation_prompt=True, tokenize=False,
-                                                  **self.cfg.chat_template_kwargs)
+        """The prompt text (:func:`clemprm.play.chat.render_prompt`)."""
+        return render_prompt(self.tokenizer, messages, self.cfg.chat_template_kwargs)
 
     def generate(self, perspectives: list[list[dict]], *, seeds: list[int] | None = None,
                  temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
@@ -961,7 +932,8 @@ class PolicyModel(_backends.BatchGenerativeModel):
         return self.generate_batch_response([messages])[0]
 
 
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def load_policy(model_settings: dict, cache_dir: str | None = None) -> PolicyModel:
+    """The policy of a config's ``model`` section as a clemcore model, through the one model loader."""
+    return PolicyModel(ModelConfig.from_dict({**model_settings, "cache_dir": cache_dir}))

@@ -21,7 +21,8 @@ Embedded and tiny models are materialised once as HF folders under the cache dir
 folder and renamed into place, so concurrent jobs never see half-written models. The cache never lies
 under ``results/``.
 
-:class:`Generation` and :class:`PolicyModel` live in :mod:`clemprm.models.generation` and are importable from here.
+:class:`~clemprm.models.generation.PolicyModel` (the policy) and :func:`~clemprm.models.generation.load_policy` are in
+:mod:`clemprm.models.generation`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from clemprm.play.chat import end_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -445,8 +448,7 @@ def ensure_distinct_pad(tokenizer, model=None) -> int:
     """Give the tokenizer a pad token that differs from eos (sequence classification finds the last
     non-pad token). Prefers an existing unused special token; else adds ``<|pad|>`` and resizes the model's
     embeddings. Sets ``pad_token_id`` on the model config (and its text_config). Returns the pad id."""
-    eos_ids = {tokenizer.eos_token_id} | set(_as_list(getattr(getattr(model, "generation_config", None),
-                                                               "eos_token_id", None)))
+    eos_ids = set(end_token_ids(tokenizer, getattr(model, "generation_config", None)))
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id in eos_ids:
         vocab = tokenizer.get_vocab()
         choice = next((t for t in PAD_CANDIDATES if t in vocab and vocab[t] not in eos_ids), None)
@@ -471,12 +473,6 @@ def _avoid_bnb_cpu_packing_bug(model) -> None:
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu") and getattr(module, "out_features", 0) % 32:
             module.support_avx512bf16_for_cpu = False
-
-
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, task: str = "causal-lm"):
@@ -542,9 +538,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     return tokenizer, model
 
 
-def __getattr__(name: str):
-    # Generation and PolicyModel are defined in clemprm.models.generation (which imports this module).
-    if name in ("Generation", "PolicyModel", "GenerationStats"):
-        from clemprm.models import generation
-        return getattr(generation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def policy_settings(model_settings: dict, adapter: str | None) -> dict:
+    """The ``model`` section of a policy with ``adapter`` (the SFT, RL or SCoRe adapter; None: the base policy)."""
+    return {**model_settings, "adapter": str(adapter)} if adapter else dict(model_settings)

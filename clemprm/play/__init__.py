@@ -6,8 +6,7 @@
 * :mod:`clemprm.play.catalog`: finds a game (built-in or in a clembench checkout) and its instances, by split.
 * :mod:`clemprm.play.clemcore_setup`: clemcore glue, including the narrow adapters for games written against older
   clemcore APIs.
-* :mod:`clemprm.play.clemcore_runners`: clemcore's own sequential runners, the engine's reference in tests and
-  benchmarks.
+* :mod:`clemprm.play.chat`: messages as a clemcore backend sends them and the one prompt renderer.
 
 The project's own games live next door in :mod:`clemprm.games`.
 """

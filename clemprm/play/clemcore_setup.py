@@ -74,21 +74,6 @@ def import_clemcore() -> None:
     recorder.get_version = functools.lru_cache(maxsize=1)(recorder.get_version)
 
 
-def merge_roles(messages: list[dict]) -> list[dict]:
-    """Messages as a clemcore backend sends them to its model (``ensure_alternating_roles``: consecutive same-role
-    messages joined, an empty leading system message dropped), as plain ``{"role", "content"}`` dicts. A list that
-    is already in that form (every prompt the engine renders was merged when its turn began) is only copied:
-    clemcore's function deep-copies the whole conversation, ~20 us per prompt."""
-    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
-    empty_system_first = bool(plain) and plain[0]["role"] == "system" and not plain[0]["content"]
-    if empty_system_first or any(a["role"] == b["role"] for a, b in zip(plain, plain[1:])):
-        import_clemcore_backends()
-        from clemcore.backends.utils import ensure_alternating_roles
-
-        plain = ensure_alternating_roles(plain)
-    return plain
-
-
 def tolerate_plain_game_states() -> None:
     """Let ``GameMaster.state`` accept a state object that is not a ``GameState`` (see the module doc): each base
     field it lacks is set to None first, which clemcore's own setter then treats as unset and fills in."""

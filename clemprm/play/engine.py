@@ -1,7 +1,7 @@
 """The rollout engine: plays many clemcore games in lockstep, one batched generation call per step.
 
 Every stage that plays games (base rollouts, branch points, K-rollout labels, searches) uses this module.
-Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path in DESIGN.md section 4):
+Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path: no clemcore runner in between):
 
 * lockstep: each :meth:`RolloutEngine.step`, every episode waiting for a model answer is answered by one
   ``generate`` call per model (the model micro-batches by token budget, sorted by length);
@@ -14,13 +14,13 @@ Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path in DESI
   replaying an episode's answers rebuilds the same game, whatever else is played beside it.
 
 A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
-max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.loader.PolicyModel`, or a scripted policy in tests).
+max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.generation.PolicyModel`, or a scripted policy in tests); :class:`Generation` is
+the engine's contract with a model: what one answer holds.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -33,15 +33,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from clemprm.play.catalog import GameCatalog, Instance
-from clemprm.play.clemcore_setup import import_clemcore, merge_roles, record_validation, take_validation_verdict
+from clemprm.play.chat import merge_roles
+from clemprm.play.clemcore_setup import import_clemcore, record_validation, take_validation_verdict
+from clemprm.stats import derive_seed
 
 log = logging.getLogger(__name__)
 
 
-def derive_seed(*parts) -> int:
-    """A 63-bit seed from any parts (base seed, stage, episode id, turn): stable across machines and runs."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+@dataclass
+class Generation:
+    """One answer. ``raw_text``: the new tokens decoded with special tokens (the end token) skipped;
+    ``text``: what the game sees, ``raw_text`` without ``<think>`` blocks, stripped. ``new_tokens`` counts the
+    end token. On ``error`` (e.g. "context too long: 3000 > 2048 tokens") text is "" and nothing was generated."""
+
+    text: str
+    raw_text: str
+    prompt_tokens: int
+    new_tokens: int
+    error: str | None = None
+    finish_reason: str = "stop"   # "stop" (an end token), "length" (max_new_tokens reached) or "error"
+    # the tokens behind the answer, for training on what was played (clemprm.rl): the rendered prompt's ids and
+    # the generated ids (end token included); None where nothing was generated or a policy does not tokenise
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -407,8 +421,6 @@ class RolloutEngine:
     def replay(self, episode: Episode, responses: list[str]) -> Episode:
         """Play recorded answers (no generation) to rebuild a game state; the games are deterministic given
         their instance and the answers, so the state equals the one the answers were first given in."""
-        from clemprm.models.generation import Generation
-
         for text in responses:
             if episode.done:
                 break

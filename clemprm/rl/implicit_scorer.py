@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from clemprm.models.scoring import Counters
+from clemprm.play.chat import end_of_turn_text, end_token_ids, render_prompt
 from clemprm.rl.prime import ImplicitPRM
 from clemprm.rl.rollouts import Turn
 
@@ -24,40 +26,37 @@ REFERENCE = "reference"
 
 
 @dataclasses.dataclass
-class ImplicitStats:
-    """Running counters (as :class:`clemprm.stages.prm.PRMStats`)."""
+class ImplicitStats(Counters):
+    """Running counters of the implicit PRM as a scorer."""
 
     calls: int = 0
     pairs: int = 0
     tokens: int = 0
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 class ImplicitPRMScorer:
     """``score(pairs) -> [beta * sum log-ratio]`` for (perspective messages, candidate) pairs."""
 
     def __init__(self, cfg, sft_adapter: str, beta: float):
-        from clemprm.models.loader import _as_list, load_tokenizer_and_model, resolve_dtype
-        from clemprm.stages.sft import ChatFormat
+        from clemprm.models.loader import load_tokenizer_and_model, resolve_dtype
 
         tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
         model.load_adapter(str(sft_adapter), adapter_name=REFERENCE, is_trainable=False)
         model.set_adapter("default")
         model.eval()
         self.cfg, self.tokenizer, self.model = cfg, tokenizer, model
-        eos_ids = [tokenizer.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None))
-        self.chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, eos_ids)
+        self.end_text = end_of_turn_text(tokenizer, cfg.chat_template_kwargs,
+                                         end_token_ids(tokenizer, model.generation_config))
         self.prm = ImplicitPRM(model, beta, adapter="default", reference=REFERENCE,
                                compute_dtype=resolve_dtype(cfg, next(model.parameters()).device.type))
         self.stats = ImplicitStats()
 
     def turn(self, messages: list[dict], candidate: str) -> Turn:
         """The candidate's tokens after the prompt the policy saw."""
-        prompt = self.tokenizer(self.chat.render_prompt(messages), add_special_tokens=False)["input_ids"]
-        answer = self.tokenizer(candidate + self.chat.end_text, add_special_tokens=False)["input_ids"]
+        prompt = self.tokenizer(render_prompt(self.tokenizer, messages, self.cfg.chat_template_kwargs),
+                                add_special_tokens=False)["input_ids"]
+        answer = self.tokenizer(candidate + self.end_text, add_special_tokens=False)["input_ids"]
         return Turn(prompt, answer)
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:

@@ -16,11 +16,7 @@ import inspect
 
 import torch
 
-
-def selective_log_softmax(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)[..., tokens]`` without materialising the log-softmax: ``[T, V], [T] -> [T]`` in fp32."""
-    logits = logits.float()
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+from clemprm.models.scoring import selective_log_softmax
 
 
 def _keeps_logits(model) -> bool:

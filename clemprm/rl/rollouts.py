@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import logging
 
 from clemprm.play.catalog import Instance
-from clemprm.play.engine import Progress, RolloutEngine, Sampling, derive_seed
+from clemprm.play.engine import Progress, RolloutEngine, Sampling
+from clemprm.stats import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def collect_state_groups(engine: RolloutEngine, policy, states: list[tuple[Insta
     Each answer is played in its own replay of the state's ``history`` (episode ``<state_id>/<g>``, seeded
     ``derive_seed(base_seed, "rl", step, episode_id)``); the game goes no further than that answer. A group's
     rows are the game's state after the answer: ``success`` / ``aborted`` only when that answer ended the game."""
-    from clemprm.games.hanabi.states import replay_state
+    from clemprm.stages.rl_states import replay_state
 
     episodes, owner = [], []
     for index, (instance, state) in enumerate(states):

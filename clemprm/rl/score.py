@@ -30,18 +30,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from clemprm.play.catalog import GameCatalog, Instance
-from clemprm.play.engine import derive_seed
+from clemprm.stats import derive_seed
 from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
 from clemprm.rl.grpo import summary
 from clemprm.rl.logprobs import merged_for_generation
 from clemprm.rl.rollouts import Group, Sequence, play_groups
-from clemprm.rl.trainer import (POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model,
-                                save_adapters)
+from clemprm.rl.trainer import POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model
+from clemprm.training import write_adapter
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +225,7 @@ def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path
     """The ``score_adapter`` stage: SCoRe's two stages on the SFT policy, on the train split of ``score.games``;
     writes the policy adapter and the per-stage, per-step metrics. ``settings``: seed, model, games, score."""
     from clemprm.models.loader import resolve_quantization
-    from clemprm.stages.sft import finish_metrics
+    from clemprm.training import finish_metrics
 
     start = time.perf_counter()
     score = settings["score"]
@@ -245,7 +244,7 @@ def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path
              ", ".join(score["games"]), sft_adapter)
     history = [trainer.step(instances, index, 1 if index < score["stage1_steps"] else 2)
                for index, instances in enumerate(schedule)]
-    save_adapters(model, cfg.spec, [POLICY_ADAPTER], Path(adapter_dir))
+    write_adapter(model, cfg.spec, adapter_dir, [POLICY_ADAPTER])
     metrics = {"status": "trained", "method": "score",
                "model": {"spec": cfg.spec, "sft_adapter": str(sft_adapter), "device": trainer.trainer.device,
                          "quantization": resolve_quantization(cfg, trainer.trainer.device),

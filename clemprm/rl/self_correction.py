@@ -12,7 +12,7 @@ per policy, per game and overall (the macro average over games): Accuracy@t1 and
 delta(t1, t2) = Accuracy@t2 - Accuracy@t1, delta i->c (% of episodes wrong at t1 and right at t2), delta c->i (% right
 at t1 and wrong at t2; delta(t1, t2) = delta i->c - delta c->i), plus % played and quality (mean BENCH_SCORE of the
 played episodes) per attempt; each with the eval's percentile bootstrap interval over instances resampled within each
-game (:func:`clemprm.evaluation.evaluate.bootstrap_weights`), and SCoRe minus SFT on each with paired draws.
+game (:mod:`clemprm.stats`), and SCoRe minus SFT on each with paired draws.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import time
 import numpy as np
 import pandas as pd
 
-from clemprm import records
+from clemprm import records, stats
 from clemprm.play.catalog import GameCatalog
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
-from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.stats import OVERALL, derive_seed
 from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
 from clemprm.search import greedy_cost
 
@@ -37,7 +38,6 @@ MODE = "self_correct"
 ROLES = ("sft", "score")
 METRICS = ("accuracy_t1", "accuracy_t2", "delta_t1_t2", "delta_i_to_c", "delta_c_to_i", "percent_played_t1",
            "percent_played_t2", "quality_t1", "quality_t2")
-OVERALL = "overall"
 
 
 def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, settings: dict) -> list[dict]:
@@ -68,8 +68,8 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
     """Play mode ``self_correct`` (module docstring) and write its parquet. ``settings``: the mode's eval params +
     ``score`` (its games and instruction). ``policies`` ({"sft": ..., "score": ...}) replaces the loaded policies
     (tests)."""
-    from clemprm.stages.labels import sft_policy_settings
-    from clemprm.stages.rollouts import load_policy
+    from clemprm.models.generation import load_policy
+    from clemprm.models.loader import policy_settings
 
     check_single_player_games(settings)
     eval_settings = settings["eval"]
@@ -86,7 +86,7 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
         elif not adapters[role]:
             raise ValueError(f"eval mode {MODE} plays the {role} policy: give its adapter folder")
         else:
-            policy = load_policy(sft_policy_settings(settings["model"], adapters[role]), cache_dir)
+            policy = load_policy(policy_settings(settings["model"], adapters[role]), cache_dir)
         log.info("eval %s: %s policy %s, %d %s instances x %d episodes x 2 attempts", MODE, role, policy.name,
                  len(instances), eval_settings["split"], eval_settings["episodes_per_instance"])
         role_start = time.perf_counter()
@@ -150,51 +150,33 @@ def pair_metrics(table: pd.DataFrame, weights: np.ndarray) -> dict[str, np.ndarr
     return metrics
 
 
-def macro_average(per_game: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Overall: every metric averaged over games (quality over the games where something was played)."""
-    overall = {}
-    for metric in METRICS:
-        stacked = np.vstack([metrics[metric] for metrics in per_game])
-        defined = ~np.isnan(stacked)
-        overall[metric] = np.where(defined.any(axis=0), np.nansum(stacked, axis=0) / np.maximum(defined.sum(axis=0), 1),
-                                   np.nan)
-    return overall
-
-
-def metric_draws(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
+def pair_statistic(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per game and overall (every metric averaged over games): a :data:`clemprm.stats.Statistic` of
+    :func:`pair_table` rows."""
     per_game = {game: pair_metrics(table, weights[game]) for game, table in tables.items()}
-    return {**per_game, OVERALL: macro_average(list(per_game.values()))}
+    return {**per_game, OVERALL: stats.macro_average(list(per_game.values()), METRICS)}
 
 
 def self_correction_summary(rows: list[dict], samples: int, seed: int, ci: float) -> dict:
     """The ``self_correction`` entry of ``results/prm_eval.json`` (module docstring) from the mode's rows."""
-    from clemprm.evaluation.evaluate import bootstrap_weights, interval, split_by_game
-
-    def estimate(tables: dict[str, pd.DataFrame], subtract: dict[str, pd.DataFrame] | None = None) -> dict:
-        ones = {game: np.ones((1, len(part))) for game, part in tables.items()}
-        weights = bootstrap_weights(tables, samples, seed)
-        points, draws = metric_draws(tables, ones), metric_draws(tables, weights)
-        if subtract is not None:   # paired: the same instances drawn for both
-            base_points, base_draws = metric_draws(subtract, ones), metric_draws(subtract, weights)
-            points = {g: {m: v - base_points[g][m] for m, v in ms.items()} for g, ms in points.items()}
-            draws = {g: {m: v - base_draws[g][m] for m, v in ms.items()} for g, ms in draws.items()}
-        result = {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in METRICS}
-                  for group in points}
-        for game, part in tables.items():
+    def counted(result: dict, table: pd.DataFrame) -> dict:
+        for game, part in stats.split_by_game(table).items():
             result[game].update(episodes=int(part["episodes"].sum()), instances=len(part))
-        result[OVERALL].update(episodes=int(sum(part["episodes"].sum() for part in tables.values())),
-                               instances=sum(len(part) for part in tables.values()))
+        result[OVERALL].update(episodes=int(table["episodes"].sum()), instances=len(table))
         return result
 
+    def estimate(table: pd.DataFrame) -> dict:
+        return counted(stats.bootstrap(stats.split_by_game(table), pair_statistic, samples, seed, ci), table)
+
     by_role = {role: [row for row in rows if row["policy_role"] == role] for role in ROLES}
-    tables = {role: split_by_game(pair_table(role_rows)) for role, role_rows in by_role.items() if role_rows}
+    tables = {role: pair_table(role_rows) for role, role_rows in by_role.items() if role_rows}
     summary = {"policies": {role: {"policy": by_role[role][0]["policy"], "results": estimate(tables[role])}
                             for role in tables},
                "difference": {}}
     if set(tables) == set(ROLES):
-        sft, score = (pd.concat(tables[role].values()) for role in ROLES)
-        common = score.index.intersection(sft.index)
-        if not common.empty:
-            summary["difference"] = {"score_minus_sft": estimate(split_by_game(score.loc[common]),
-                                                                  split_by_game(sft.loc[common]))}
+        score, sft = tables["score"], tables["sft"]
+        difference = stats.paired_difference(score, sft, pair_statistic, samples, seed, ci)
+        if difference:
+            common = score.index.intersection(sft.index)
+            summary["difference"] = {"score_minus_sft": counted(difference, score.loc[common])}
     return summary

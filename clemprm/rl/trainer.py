@@ -48,32 +48,27 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from clemprm.checks.run_time import check_episodes, marks_metadata
+from clemprm.modes import RL_ALGORITHMS
 from clemprm.play.catalog import GameCatalog, Instance, _round_robin
-from clemprm.play.engine import RolloutEngine, Sampling, derive_seed
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.stats import derive_seed
 from clemprm.rl.grpo import GRPO, summary
 from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import TURN_SOURCES, reward_function, turn_reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups, collect_state_groups
-from clemprm.stages.sft import save_adapter
+from clemprm.training import OPTIMIZER_AUTO, write_adapter
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("grpo", "prime")
 LOSSES = ("policy_gradient", "importance_sampling")
 DATA = ("episodes", "states")
 POLICY_ADAPTER = "default"
-OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
-
-
 # ------------------------------------------------------------------------------------------ model, optimizer
 
 
@@ -84,7 +79,7 @@ def load_training_model(model_settings: dict, sft_adapter: str | None, cache_dir
     With ``lora`` (``rl.lora``) every one of them is a fresh LoRA of that shape on the base instead (B = 0: each
     starts equal to the base, so the PRM equals its reference)."""
     from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
-    from clemprm.stages.sft import device_name, keep_4bit_differentiable
+    from clemprm.training import device_name, keep_4bit_differentiable
 
     if lora is None and sft_adapter is None:
         raise ValueError("rl: no SFT adapter to start from and no rl.lora for a fresh one")
@@ -117,7 +112,7 @@ def fresh_lora(model, lora: dict, extra_adapters: list[str]):
 
     from peft import get_peft_model
 
-    from clemprm.stages.sft import lora_config
+    from clemprm.training import lora_config
 
     with warnings.catch_warnings():   # PEFT's warning on a LoRA of a tied lm_head: the merge stage unties it
         warnings.filterwarnings("ignore", message=".*tied.*")
@@ -246,7 +241,7 @@ def state_schedule(catalog: GameCatalog, states_path: str, per_step: int, steps:
     """The states of each step (``rl.data: states``): the prompt set's rows with their instances, in a seeded order,
     cycled, so every state is trained on before any repeats."""
     from clemprm import records
-    from clemprm.games.hanabi.states import state_instance
+    from clemprm.stages.rl_states import state_instance
 
     rows = records.read_records(states_path, records.STATES)
     if not rows:
@@ -288,7 +283,7 @@ class RLTrainer:
                  reward_of=None, on_failure: str = "stop"):
         from clemprm.models.generation import PolicyModel
         from clemprm.models.loader import resolve_dtype
-        from clemprm.stages.sft import device_name
+        from clemprm.training import device_name
 
         self.settings, self.rl, self.seed = settings, settings["rl"], int(settings["seed"])
         self.model, self.tokenizer = model, tokenizer
@@ -319,7 +314,7 @@ class RLTrainer:
             return PRIME(prm, optimizer, make_scheduler(optimizer, self.rl),
                          std_threshold=prime["process_std_threshold"], max_grad_norm=self.rl["max_grad_norm"],
                          accuracy_filter=prime["accuracy_filter"])
-        raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+        raise ValueError(f"rl.algorithm: unknown algorithm {algorithm!r} (known: {', '.join(RL_ALGORITHMS)})")
 
     def rollouts(self, instances: list, step: int) -> list[Group]:
         """Groups of episodes of ``instances`` (``rl.data: states``: ``(instance, state)`` pairs) played by the
@@ -392,17 +387,6 @@ class RLTrainer:
 # ------------------------------------------------------------------------------------------ the stage
 
 
-def save_adapters(model, spec: str, adapter_names: list[str], adapter_dir: Path) -> None:
-    """Save the named adapters (``default`` at the top, the others in sub-folders named after them, PEFT's layout),
-    naming their base by ``spec``; written beside ``adapter_dir`` and moved into place."""
-    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
-    try:
-        save_adapter(model, spec, tmp_root, adapter_dir, adapter_names)
-    finally:
-        shutil.rmtree(tmp_root, ignore_errors=True)
-
-
 def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_path: str,
              cache_dir: str | None = None, states: str | None = None, on_failure: str = "stop") -> dict:
     """The ``rl_adapter`` stage: RL of the SFT policy (or, ``rl.lora``, of a fresh LoRA) on the train split of
@@ -412,12 +396,12 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
     ``settings`` is the rule's params (:func:`clemprm.config.rl_params`): seed, model, games, rl, where
     ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``)."""
     from clemprm.models.loader import resolve_quantization
-    from clemprm.stages.sft import finish_metrics
+    from clemprm.training import finish_metrics
 
     start = time.perf_counter()
     rl = settings["rl"]
-    if rl["algorithm"] not in ALGORITHMS:
-        raise ValueError(f"rl.algorithm: unknown algorithm {rl['algorithm']!r} (known: {', '.join(ALGORITHMS)})")
+    if rl["algorithm"] not in RL_ALGORITHMS:
+        raise ValueError(f"rl.algorithm: unknown algorithm {rl['algorithm']!r} (known: {', '.join(RL_ALGORITHMS)})")
     if rl["data"] not in DATA:
         raise ValueError(f"rl.data: unknown value {rl['data']!r} (known: {', '.join(DATA)})")
     if rl["data"] == "states" and rl["reward"]["source"] not in TURN_SOURCES:
@@ -444,7 +428,7 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
              "a fresh LoRA" if rl["lora"] is not None else sft_adapter)
     steps = [trainer.step(instances, index) for index, instances in enumerate(schedule)]
     adapters = [POLICY_ADAPTER] + ([PRM_ADAPTER] if rl["algorithm"] == "prime" else [])
-    save_adapters(model, cfg.spec, adapters, Path(adapter_dir))
+    write_adapter(model, cfg.spec, adapter_dir, adapters)
     metrics = {"status": "trained", "algorithm": rl["algorithm"],
                "model": {"spec": cfg.spec, "sft_adapter": None if rl["lora"] is not None else str(sft_adapter),
                          "fresh_lora": rl["lora"], "device": trainer.device,

@@ -8,7 +8,7 @@ One short module per strategy; greedy play is the engine's plain :meth:`~clemprm
   ranked by the PRM and the best ``beam_width`` survive.
 
 A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer)``
-(:class:`clemprm.stages.prm.PRMScorer`, :class:`RandomScorer` for the control mode, :class:`clemprm.search.logprob.LogprobScorer`
+(:class:`clemprm.models.prm.PRMScorer`, :class:`RandomScorer` for the control mode, :class:`clemprm.models.logprob.LogprobScorer`
 for the policy's own mean token log-probability, or a scripted scorer in tests). Every
 search step makes one ``propose`` call (one ``generate`` call per model) and one ``score`` call for all games
 together. This package holds what the strategies share.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clemprm.play.engine import derive_seed
+from clemprm.stats import derive_seed
 
 
 @dataclass

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling, derive_seed
+from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
+from clemprm.stats import derive_seed
 from clemprm.search import SearchCost, score_candidates
 
 AGGREGATIONS = ("last", "min", "prod")

@@ -53,14 +53,11 @@ from clemprm import records
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn, marks_metadata
 from clemprm.config import provenance
-from clemprm.play.engine import Episode, RolloutEngine, Sampling, derive_seed, game_seed, seeded_generator_states
+from clemprm.models.loader import policy_settings
+from clemprm.play.engine import Episode, RolloutEngine, Sampling, game_seed, seeded_generator_states
+from clemprm.stats import derive_seed
 
 log = logging.getLogger(__name__)
-
-
-def sft_policy_settings(model_settings: dict, sft_adapter: str | None) -> dict:
-    """The ``model`` section of the SFT policy: the base model with the SFT adapter (None: the base policy)."""
-    return {**model_settings, "adapter": str(sft_adapter)} if sft_adapter else dict(model_settings)
 
 
 # ------------------------------------------------------------------------------------------ branch points
@@ -102,12 +99,13 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     game, the PRM's held-out set); write its episodes and their branch points. Fails when every
     episode of a game failed or there is no branch point at all, unless ``on_failure`` is continue (then the branch
     points' provenance records what the stage went on despite)."""
-    from clemprm.stages.rollouts import load_policy, summarize
+    from clemprm.models.generation import load_policy
+    from clemprm.stages.rollouts import summarize
 
     bp_settings = settings["branch_points"]
     catalog = GameCatalog(settings["games"])
     marks = check_instances("branch_points", catalog, "train", on_failure)
-    policy = policy or load_policy(sft_policy_settings(settings["model"], sft_adapter), cache_dir)
+    policy = policy or load_policy(policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
                                              bp_settings["max_new_tokens"]))
     instances = catalog.all_instances("train") + held_out_instances(catalog, bp_settings["validation_instances"])
@@ -481,9 +479,9 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
     log.info("soft labels shard %d/%d: %d branch points, %d done in the checkpoint, %d to label (K=%d)",
              shard, shards, len(mine), len(done), len(todo), label_settings["k"])
     if todo:
-        from clemprm.stages.rollouts import load_policy
+        from clemprm.models.generation import load_policy
 
-        model_settings = sft_policy_settings(settings["model"], sft_adapter)
+        model_settings = policy_settings(settings["model"], sft_adapter)
         policy = policy or load_policy({**model_settings, "threads": threads or model_settings["threads"]}, cache_dir)
         engine = RolloutEngine(GameCatalog(settings["games"]), Sampling(
             label_settings["temperature"], label_settings["top_p"], label_settings["max_new_tokens"]))

@@ -54,7 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clemprm.config import provenance, sections
-from clemprm.stages.sft import peak_memory_mb, sample_at_most, split_instances, write_json
+from clemprm.play.chat import end_token_ids
+from clemprm.training import peak_memory_mb, sample_at_most, split_instances
+from clemprm.records import write_json
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +152,7 @@ def build_examples(task: str, settings: dict, tokenizer, model, data_path: str) 
     """The verification examples of ``task`` from ``data_path``, tokenised for ``model``; an error if there is none."""
     n, max_tokens = settings["merge"]["examples"], settings["merge"]["max_tokens"]
     if task == "causal-lm":
-        eos = getattr(model.generation_config, "eos_token_id", None)
-        eos_ids = [tokenizer.eos_token_id] + (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+        eos_ids = end_token_ids(tokenizer, model.generation_config)
         from_states = is_states_file(data_path)
         examples = (states_examples if from_states else sft_examples)(settings, tokenizer, eos_ids, data_path, n,
                                                                       max_tokens)
@@ -169,7 +170,7 @@ def adapted_model_config(task: str, settings: dict, adapter_dir: str, dtype: str
                          cache_dir: str | None = None):
     """The adapter's base (the PRM's: ``prm.base_model`` or ``model.spec``) + the adapter, unquantized, in ``dtype``."""
     from clemprm.models.loader import ModelConfig
-    from clemprm.stages.prm import prm_model_config
+    from clemprm.models.prm import prm_model_config
 
     model = {**settings["model"], "quantization": "none", "dtype": dtype}
     if task == "seq-cls":

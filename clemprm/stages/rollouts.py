@@ -18,13 +18,6 @@ from clemprm.play.engine import RolloutEngine, Sampling
 log = logging.getLogger(__name__)
 
 
-def load_policy(model_settings: dict, cache_dir: str | None = None):
-    """The policy as a clemcore model, through the one model loader."""
-    from clemprm.models.loader import ModelConfig, PolicyModel
-
-    return PolicyModel(ModelConfig.from_dict({**model_settings, "cache_dir": cache_dir}))
-
-
 def summarize(rows: list[dict]) -> str:
     """One line per game: episodes, % played, success rate, mean BENCH_SCORE of played episodes."""
     by_game = collections.defaultdict(list)
@@ -49,7 +42,10 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
     catalog = GameCatalog(settings["games"])
     marks = check_instances("base_rollouts", catalog, "train", on_failure)
     instances = catalog.all_instances("train")
-    policy = policy or load_policy(settings["model"], cache_dir)
+    if policy is None:
+        from clemprm.models.generation import load_policy   # torch: imported by the jobs that generate
+
+        policy = load_policy(settings["model"], cache_dir)
     sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])
     log.info("base rollouts: %d train instances x %d episodes, policy %s", len(instances),
              rollout["episodes_per_instance"], policy.name)

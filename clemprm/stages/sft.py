@@ -38,28 +38,21 @@ Outputs
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import logging
 import math
-import os
-import random
-import resource
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
 from clemprm.checks.run_time import check_not_empty, marks_metadata
-from clemprm.play.clemcore_setup import merge_roles
-from clemprm.config import provenance
+from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render_prompt
+from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite,
+                              keep_4bit_differentiable, lora_config, progress_callback, sample_at_most, scratch_beside,
+                              split_instances, trainer_arguments, write_adapter)
 
 log = logging.getLogger(__name__)
-
-OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
-
 
 # --------------------------------------------------------------------------------------------- data
 
@@ -112,16 +105,6 @@ def is_success(row: dict) -> bool:
     return str(row["meta"].get("outcome", "")).strip().lower() == "success"
 
 
-def instance_key(meta: dict) -> tuple[str, str, str]:
-    """``(game, experiment, task_id)``: the unit of the train/validation split (ids repeat across experiments)."""
-    return str(meta.get("game")), str(meta.get("experiment")), str(meta.get("task_id"))
-
-
-def normalise(messages: list[dict]) -> list[dict]:
-    """Messages as a clemcore backend sends them: roles merged, an empty system message dropped."""
-    return merge_roles([{"role": str(m["role"]), "content": str(m["content"] or "")} for m in messages])
-
-
 def turn_pairs(messages: list[dict]) -> list[tuple[list[dict], str]]:
     """One ``(prompt messages, answer)`` per assistant turn that follows a user message."""
     pairs = []
@@ -147,37 +130,16 @@ def shortened_prompts(prompt: list[dict]):
 
 
 class ChatFormat:
-    """Renders prompts as the policy sees them at play time and answers as the model must write them."""
+    """Prompts as the policy sees them at play time (:func:`clemprm.play.chat.render_prompt`) and answers as the
+    model must write them (the answer, then the template's end of turn)."""
 
     def __init__(self, tokenizer, chat_template_kwargs: dict | None = None, eos_token_ids=()):
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
-        self.end_text = self._end_of_turn(eos_token_ids)
+        self.end_text = end_of_turn_text(tokenizer, self.kwargs, eos_token_ids)
 
     def render_prompt(self, messages: list[dict]) -> str:
-        """As :meth:`clemprm.models.generation.PolicyModel.render`: the chat template with the generation prompt."""
-        return self.tokenizer.apply_chat_template(normalise(messages), add_generation_prompt=True, tokenize=False,
-                                                  **self.kwargs)
-
-    def _end_of_turn(self, eos_token_ids) -> str:
-        """What the template writes after an answer, up to and including the end token (e.g. ``<|im_end|>``)."""
-        sentinel = "\u2063SENTINEL\u2063"
-        eos_texts = [self.tokenizer.convert_ids_to_tokens(int(i)) for i in eos_token_ids if i is not None]
-        eos_texts += [self.tokenizer.eos_token] if self.tokenizer.eos_token else []
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": sentinel}], tokenize=False,
-                **self.kwargs)
-            after = text[text.index(sentinel) + len(sentinel):]
-        except Exception:  # no template / a template that rejects this: fall back to the eos token
-            after = ""
-        ends = [(after.find(eos), eos) for eos in eos_texts if eos and eos in after]
-        if ends:
-            position, eos = min(ends)
-            return after[:position + len(eos)]
-        if not eos_texts:
-            raise ValueError("the tokenizer has no end-of-turn token: cannot teach the model to end its answer")
-        return eos_texts[0]
+        return render_prompt(self.tokenizer, messages, self.kwargs)
 
     def encode(self, prompt: list[dict], answer: str, max_length: int):
         """``(prompt ids, completion ids, exchanges dropped)`` that fit ``max_length``, or None."""
@@ -189,32 +151,12 @@ class ChatFormat:
         return None
 
 
-def split_instances(keys, fraction: float, seed: int) -> set:
-    """The validation instances: a ``fraction`` of the distinct instance keys (at least one when there are two
-    or more, never all), chosen by a seeded hash and spread over games round-robin."""
-    keys = sorted(set(keys))
-    if fraction <= 0 or len(keys) < 2:
-        return set()
-    n_validation = min(len(keys) - 1, max(1, round(fraction * len(keys))))
-    by_game = collections.defaultdict(list)
-    for key in keys:
-        by_game[key[0]].append(key)
-    for game_keys in by_game.values():
-        game_keys.sort(key=lambda k: hashlib.sha256(f"{seed}/{'/'.join(k)}".encode()).hexdigest())
-    order = [key for group in _zip_longest(*(by_game[g] for g in sorted(by_game))) for key in group]
-    return set(order[:n_validation])
-
-
-def _zip_longest(*lists):
-    from itertools import zip_longest
-    return [[item for item in group if item is not None] for group in zip_longest(*lists)]
-
-
 def build_examples(rows: list[dict], chat: ChatFormat, max_length: int, source: str) -> tuple[list[Example], int]:
     """The tokenised pairs of all rows, and how many pairs did not fit ``max_length`` even shortened."""
     examples, too_long = [], 0
     for row in rows:
-        key = instance_key(row["meta"])
+        meta = row["meta"]
+        key = records.instance_key(meta.get("game"), meta.get("experiment"), meta.get("task_id"))
         for prompt, answer in turn_pairs(normalise(row["messages"])):
             encoded = chat.encode(prompt, answer, max_length)
             if encoded is None:
@@ -228,11 +170,6 @@ def build_examples(rows: list[dict], chat: ChatFormat, max_length: int, source: 
 # ------------------------------------------------------------------------------------------ training
 
 
-def device_name() -> str:
-    import torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _as_dataset(examples: list[Example]):
     from datasets import Dataset
     return Dataset.from_dict({
@@ -241,160 +178,18 @@ def _as_dataset(examples: list[Example]):
     })
 
 
-def lora_config(lora: dict, task_type: str):
-    """The PEFT LoRA config of a stage's ``lora`` section (``CAUSAL_LM`` for SFT, ``SEQ_CLS`` for the PRM)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
-                      target_modules=lora["target_modules"], task_type=task_type)
-
-
-def sample_at_most(examples: list, limit: int | None, seed: int) -> list:
-    """At most ``limit`` of ``examples`` (all when ``limit`` is None), drawn by ``seed``."""
-    return random.Random(seed).sample(examples, limit) if limit is not None and len(examples) > limit else examples
-
-
 def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_validation: bool):
-    import torch
     from trl import SFTConfig
 
     gradient_checkpointing = sft["gradient_checkpointing"]
     if gradient_checkpointing == "auto":
         gradient_checkpointing = device == "cuda"
     optimizer = sft["optimizer"] if sft["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
-    per_epoch = {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
-                 "metric_for_best_model": "eval_loss", "greater_is_better": False, "save_total_limit": 1,
-                 "save_only_model": True} if has_validation else {"eval_strategy": "no", "save_strategy": "no"}
     return SFTConfig(
-        output_dir=output_dir, seed=seed, data_seed=seed,
-        learning_rate=sft["lr"], num_train_epochs=sft["epochs"], lr_scheduler_type=sft["scheduler"],
-        warmup_steps=sft["warmup_ratio"], weight_decay=sft["weight_decay"], max_grad_norm=1.0,
-        per_device_train_batch_size=sft["batch_size"], per_device_eval_batch_size=sft["batch_size"],
-        gradient_accumulation_steps=sft["grad_accum"], optim=optimizer,
-        bf16=device == "cuda" and dtype == torch.bfloat16, fp16=device == "cuda" and dtype == torch.float16,
-        activation_checkpointing=gradient_checkpointing,     # transformers 5 name of gradient_checkpointing
-        activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
-        max_length=sft["max_length"], packing=False, completion_only_loss=True, assistant_only_loss=False,
-        train_sampling_strategy="group_by_length",   # similar lengths per batch: less padding
-        logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
-        dataloader_pin_memory=device == "cuda", **per_epoch)
-
-
-def progress_callback(stage: str = "sft"):
-    """A Trainer callback that logs ``<stage> step i/n (epoch, seconds per step): losses`` lines to the logger
-    ``clemprm.<stage>``."""
-    from transformers import TrainerCallback
-
-    logger = logging.getLogger(f"clemprm.{stage}")
-
-    class LogProgress(TrainerCallback):
-        """Training progress as log lines in the rule log (the progress bars are off)."""
-
-        start = first_step = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            self.start, self.first_step = time.perf_counter(), state.global_step
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in (logs or {}).items()
-                     if k in ("loss", "mean_token_accuracy", "learning_rate", "grad_norm", "eval_loss",
-                              "eval_mean_token_accuracy", "train_runtime", "num_tokens")}
-            steps = state.global_step - (self.first_step or 0)
-            rate = (time.perf_counter() - self.start) / steps if self.start is not None and steps else math.nan
-            logger.info("%s step %d/%d (epoch %.2f, %.2f s/step): %s", stage, state.global_step, state.max_steps,
-                        state.epoch or 0.0, rate, shown)
-
-    return LogProgress()
-
-
-def keep_4bit_differentiable(model) -> int:
-    """bitsandbytes 0.50 repacks a CPU 4-bit layer for its AVX512-BF16 kernel at the first no-grad forward in
-    eval mode (our per-epoch evaluation) and then computes it with ``gemv_4bit`` for good, which has no
-    autograd kernel: training after an evaluation would silently lose the gradients through every frozen
-    4-bit layer. Training keeps those layers on the generic, differentiable path. Returns layers changed."""
-    changed = 0
-    for module in model.modules():
-        if getattr(module, "support_avx512bf16_for_cpu", False):
-            module.support_avx512bf16_for_cpu = False
-            changed += 1
-    return changed
-
-
-def _finite(value):
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def epoch_history(log_history: list[dict], initial: dict | None) -> list[dict]:
-    """Per epoch: mean train loss and token accuracy of its steps, eval loss and token accuracy at its end."""
-    epochs = []
-    if initial:
-        epochs.append({"epoch": 0, "eval_loss": _finite(initial.get("eval_loss")),
-                       "eval_token_accuracy": _finite(initial.get("eval_mean_token_accuracy"))})
-    steps = collections.defaultdict(list)
-    evals = {}
-    for entry in log_history:
-        epoch = entry.get("epoch")
-        if epoch is None:
-            continue
-        index = max(1, math.ceil(round(epoch, 6)))
-        if "loss" in entry:
-            steps[index].append(entry)
-        elif "eval_loss" in entry:
-            evals[index] = entry
-    for index in sorted(set(steps) | set(evals)):
-        logged = steps.get(index, [])
-        row = {"epoch": index, "steps": len(logged),
-               "train_loss": _finite(sum(e["loss"] for e in logged) / len(logged)) if logged else None,
-               "train_token_accuracy": _finite(sum(e.get("mean_token_accuracy", math.nan) for e in logged)
-                                               / len(logged)) if logged else None}
-        if index in evals:
-            row["eval_loss"] = _finite(evals[index]["eval_loss"])
-            row["eval_token_accuracy"] = _finite(evals[index].get("eval_mean_token_accuracy"))
-        epochs.append(row)
-    return epochs
-
-
-def peak_memory_mb() -> dict:
-    import torch
-    peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # Linux: KiB
-    if torch.cuda.is_available():
-        peak["cuda_allocated"] = torch.cuda.max_memory_allocated() / 2**20
-    return {key: round(value, 1) for key, value in peak.items()}
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    """Write ``data`` as JSON atomically (no NaN: it is not JSON)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-
-
-def save_adapter(model, spec: str, tmp_root: Path, adapter_dir: Path, adapter_names: list[str] | None = None) -> None:
-    """Save the PEFT adapter (or the named adapters: ``default`` at the top, the others in sub-folders named after
-    them, PEFT's layout) under ``tmp_root``, name their base by ``spec`` (``tiny:0``, ``embedded:...``, a hub id)
-    rather than this machine's cache path, then move it into place as ``adapter_dir``."""
-    out = tmp_root / "adapter"
-    # save_embedding_layers=False: a LoRA on lm_head (or embed_tokens) would otherwise also save the whole base
-    # matrix (PEFT's default for embedding targets, meant for a resized vocabulary; 113 MB for SmolLM2's lm_head)
-    model.save_pretrained(str(out), save_embedding_layers=False,
-                          **({"selected_adapters": adapter_names} if adapter_names else {}))
-    for config_path in out.rglob("adapter_config.json"):
-        data = json.loads(config_path.read_text())
-        data["base_model_name_or_path"] = spec
-        config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
-    if adapter_dir.exists():
-        shutil.rmtree(adapter_dir)
-    os.replace(out, adapter_dir)
-
-
-def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: str | Path) -> None:
-    """Add wall seconds, peak memory, config and versions to a stage's metrics and write them."""
-    metrics["seconds"] = round(time.perf_counter() - start, 2)
-    metrics["peak_memory_mb"] = peak_memory_mb()
-    metrics.update(provenance(settings))
-    write_json(metrics_path, metrics)
+        **trainer_arguments(sft, seed=seed, output_dir=output_dir, device=device, dtype=dtype,
+                            grad_accum=sft["grad_accum"], has_validation=has_validation, optimizer=optimizer,
+                            gradient_checkpointing=gradient_checkpointing, weight_decay=sft["weight_decay"]),
+        max_length=sft["max_length"], packing=False, completion_only_loss=True, assistant_only_loss=False)
 
 
 def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: str,
@@ -432,8 +227,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
     if device == "cpu":
         keep_4bit_differentiable(model)
-    eos_ids = [tokenizer.eos_token_id] + _as_list(getattr(model.generation_config, "eos_token_id", None))
-    chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, eos_ids)
+    chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, end_token_ids(tokenizer, model.generation_config))
     examples, too_long = [], 0
     for source, source_rows in rows.items():
         built, dropped = build_examples(source_rows, chat, sft["max_length"], source)
@@ -471,10 +265,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         **marks_metadata(marks),
     }
 
-    adapter_dir, tmp_root = Path(adapter_dir), None
-    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp_root = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.tmp-", dir=adapter_dir.parent))
+    with scratch_beside(adapter_dir) as scratch:
         if not train:
             # nothing to learn from (e.g. a base policy without wins): an untrained adapter (LoRA B = 0) is
             # exactly the base policy, so downstream stages still run; the metrics say so.
@@ -483,7 +274,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, eval_token_accuracy=None, history=[])
         else:
-            args = _sft_config(sft, seed, str(tmp_root / "checkpoints"), device, resolve_dtype(cfg, device),
+            args = _sft_config(sft, seed, str(scratch / "checkpoints"), device, resolve_dtype(cfg, device),
                                has_validation=bool(validation))
             callbacks = [progress_callback()]
             if validation:
@@ -512,20 +303,17 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             metrics.update(
                 status="trained", steps=state.global_step, epochs_run=round(state.epoch or 0.0, 4),
                 max_epochs=sft["epochs"], stopped_early=bool(validation) and (state.epoch or 0) < sft["epochs"] - 1e-6,
-                best_epoch=best.get("epoch"), train_loss=_finite(result.training_loss),
+                best_epoch=best.get("epoch"), train_loss=finite(result.training_loss),
                 final_train_loss=history[-1].get("train_loss") if history else None,
                 eval_loss=best.get("eval_loss"), eval_token_accuracy=best.get("eval_token_accuracy"),
-                initial_eval_loss=_finite(initial["eval_loss"]) if initial else None,
-                initial_eval_token_accuracy=_finite(initial.get("eval_mean_token_accuracy")) if initial else None,
+                initial_eval_loss=finite(initial["eval_loss"]) if initial else None,
+                initial_eval_token_accuracy=finite(initial.get("eval_mean_token_accuracy")) if initial else None,
                 history=history, optimizer=args.optim if isinstance(args.optim, str) else str(args.optim.value),
                 bf16=args.bf16, gradient_checkpointing=args.gradient_checkpointing,
                 train_seconds=round(train_seconds, 2))
             metrics["tokens"]["processed"] = last_step.get("num_tokens")
             peft_model = trainer.model
-        save_adapter(peft_model, cfg.spec, tmp_root, adapter_dir)
-    finally:
-        if tmp_root is not None:
-            shutil.rmtree(tmp_root, ignore_errors=True)
+        write_adapter(peft_model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
     log.info("sft: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s (token accuracy %s -> %s); adapter %s",
              metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
@@ -534,7 +322,3 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     return metrics
 
 
-def _as_list(value) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

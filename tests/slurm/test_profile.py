@@ -9,8 +9,8 @@ import sys
 
 from tests.slurm.profiles import PROFILE, REPO, gpu_rules, load_profile, workflow_rules
 
-MODEL_RULES = {"base_rollouts", "sft_adapter", "branch_points", "soft_labels", "prm_adapter", "greedy_base", "greedy_sft",
-               "random_of_n", "best_of_n", "beam_search"}  # rules that load a model
+MODEL_RULES = {"base_rollouts", "sft_adapter", "branch_points", "soft_labels", "prm_adapter", "eval_mode", "rl_adapter",
+               "merge", "score_adapter"}  # rules that load a model
 
 
 def test_every_rule_has_slurm_resources_and_model_rules_ask_for_a_gpu():

@@ -1,4 +1,4 @@
-"""The hanabi prompt set: game states from the rule-based player's self-play, to train single-turn on states.
+"""The ``rl_states`` stage: the hanabi prompt set, game states from the rule-based player's self-play, to train single-turn on states.
 
 The rule-based player (:mod:`clemprm.games.hanabi.bot`) plays both seats of every hanabi instance of a split (the
 train split by default) through the rollout engine; every turn is a state: the prompt the player to move gets
@@ -8,8 +8,8 @@ engine (:func:`replay_state`) rebuilds the game exactly (games are deterministic
 answers), with the player waiting for its answer: play a generated answer with ``engine.apply`` and read its
 rewards with :func:`clemprm.games.hanabi.rewards.turn_rewards`. Records: :data:`clemprm.records.STATES`.
 
-    python -m clemprm.games.hanabi.states OUT.parquet [--config configs/hanabi.yaml] [--split train]
-                                          [--max-per-episode N]
+    python -m clemprm.stages.rl_states OUT.parquet [--config configs/hanabi.yaml] [--split train]
+                                       [--max-per-episode N]
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import time
 
-from clemprm.stages.prm import (MIN_SHARED_TOKENS, PRMStats, forward_on_shared_prefixes, group_batches, micro_batches,
-                                pad_left, prefix_sharing_problem, shared_prefix_groups)
+from clemprm.models.scoring import (MIN_SHARED_TOKENS, ScorerStats, forward_on_shared_prefixes, group_batches,
+                                    micro_batches, pad_left, prefix_sharing_problem, selective_log_softmax,
+                                    shared_prefix_groups)
+from clemprm.play.chat import end_token_ids
 
 
-def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats | None = None) -> list[float]:
+def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStats | None = None) -> list[float]:
     """Mean log-probability (temperature 1) per token of each candidate after its prompt, as ``policy``
     (:class:`clemprm.models.generation.PolicyModel`) samples it: the prompt as the policy renders it (generation prompt
     included), then the candidate's tokens and the end token (stopping there is part of the answer; an empty
@@ -22,13 +24,11 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats |
     cannot be rendered scores -inf.
 
     The candidates of one prompt (a search's N candidates, a branch point's siblings) pass their prompt once: it
-    fills a cache that their answers continue (:func:`clemprm.stages.prm.forward_on_shared_prefixes`, as the PRM
+    fills a cache that their answers continue (:func:`clemprm.models.scoring.forward_on_shared_prefixes`, as the PRM
     scores its pairs, where the model's cache allows it); other pairs pass alone. ``stats``, if given, counts the
     tokens and the prefix tokens passed once for several pairs. Micro-batches of at most ``model.token_budget``
     padded tokens."""
     import torch
-
-    from clemprm.rl.logprobs import selective_log_softmax
 
     tokenizer, model, cfg = policy.tokenizer, policy.model, policy.cfg
     prompts = {}
@@ -39,7 +39,7 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: PRMStats |
                 prompts[key] = tokenizer(policy.render(prefix), add_special_tokens=False)["input_ids"]
             except Exception:  # a template that rejects the messages
                 prompts[key] = None
-    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    end = end_token_ids(tokenizer)[:1]
     answers = [ids + end for ids in
                tokenizer([candidate for _, candidate in pairs], add_special_tokens=False)["input_ids"]]
     scored, sequences, answer_lengths, keys = [], [], [], []
@@ -95,7 +95,7 @@ class LogprobScorer:
 
     def __init__(self, policy):
         self.policy = policy
-        self.stats = PRMStats()
+        self.stats = ScorerStats()
 
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
         start = time.perf_counter()

@@ -1,0 +1,137 @@
+"""The process reward model as a scorer: :class:`PRMScorer` gives P(success) of ``(prefix messages, candidate)``.
+
+Model
+    ``AutoModelForSequenceClassification(num_labels=1)`` on ``prm.base_model`` (null: the policy's ``model.spec``),
+    loaded by the one model loader with the ``model`` section's settings (``quantization: auto`` = 4-bit NF4 on
+    CUDA), plus the PEFT LoRA adapter the ``prm_adapter`` stage trains (:mod:`clemprm.stages.prm`). The output is
+    ``sigmoid(logit)``. The policy's own ``model.adapter`` never applies to the PRM.
+
+Text of a pair
+    One function, :func:`encode_pair`, for training and scoring: the prefix and the candidate as the assistant's
+    turn (:func:`clemprm.play.chat.render_answered`). A text longer than ``max_length`` tokens keeps its end (the
+    candidate and the most recent context). Sequence classification pools the last non-pad token, so the loader
+    gives the tokenizer a pad token that differs from the end-of-turn token, and batches are padded on the right
+    (recurrent layers such as Qwen3.5's Gated DeltaNet never see padding before a real token). Pairs with the same
+    prefix messages share their common token prefix (:mod:`clemprm.models.scoring`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype
+from clemprm.models.scoring import (PrefixGroup, ScorerStats, forward_on_shared_prefixes, group_batches, micro_batches,
+                                    pad_right, prefix_sharing_problem, shared_prefix_groups)
+from clemprm.play.chat import render_answered
+
+log = logging.getLogger(__name__)
+
+
+def encode_pair(tokenizer, prefix: list[dict], candidate: str, chat_template_kwargs: dict | None,
+                max_length: int) -> tuple[list[int], bool]:
+    """THE tokens the PRM reads for ``(prefix, candidate)``, in training and in scoring, truncated from the left
+    (the last ``max_length`` tokens: the candidate and the most recent context), and whether anything was cut."""
+    text = render_answered(tokenizer, prefix, candidate, chat_template_kwargs)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[-max_length:], len(ids) > max_length
+
+
+class PRMScorer:
+    """P(success) of ``(prefix messages, candidate)`` pairs from the PRM (base + adapter ``cfg.adapter``).
+
+    ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
+    sorted by length so a micro-batch holds similar lengths. With ``share_prefixes`` (where the model's cache
+    allows it) the token prefix common to the pairs of one prefix is computed once. A score does not depend on
+    the batch it is in nor on sharing (up to float rounding)."""
+
+    def __init__(self, cfg: ModelConfig, *, max_length: int = 1024, token_budget: int | None = None, tokenizer=None,
+                 model=None, share_prefixes: bool = True):
+        self.cfg = cfg
+        if model is None or tokenizer is None:
+            tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="seq-cls")
+        self.tokenizer, self.model = tokenizer, model
+        self.max_length = int(max_length)
+        self.token_budget = int(token_budget or cfg.token_budget)
+        self.stats = ScorerStats()
+        self.share_prefixes = share_prefixes
+        if share_prefixes and (problem := prefix_sharing_problem(model)):
+            log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
+            self.share_prefixes = False
+
+    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
+        """P(success) for each (prefix messages, candidate answer); pairs with the same prefix messages share their
+        common token prefix; length-sorted micro-batches under a token budget, left truncation."""
+        start = time.perf_counter()
+        sequences = []
+        for prefix, candidate in pairs:
+            ids, truncated = encode_pair(self.tokenizer, prefix, candidate, self.cfg.chat_template_kwargs,
+                                         self.max_length)
+            sequences.append(ids)
+            self.stats.truncated += truncated
+        scores = self.score_ids(sequences, keys=[json.dumps(prefix, sort_keys=True, default=str)
+                                                 for prefix, _ in pairs])
+        self.stats.calls += 1
+        self.stats.pairs += len(pairs)
+        self.stats.tokens += sum(len(ids) for ids in sequences)
+        self.stats.seconds += time.perf_counter() - start
+        return scores
+
+    def score_ids(self, sequences: list[list[int]], keys: list | None = None) -> list[float]:
+        """P(success) of already encoded pairs; the pairs of one key (e.g. the same prefix messages) compute their
+        common token prefix once. On CUDA under autocast to the configured compute dtype: a model just prepared for
+        4-bit training keeps its score head and norms in fp32 while its 4-bit layers compute in bf16."""
+        import torch
+
+        scores = [math.nan] * len(sequences)
+        groups, alone = shared_prefix_groups(sequences, keys if self.share_prefixes else None)
+        device = next(self.model.parameters()).device
+        dtype = resolve_dtype(self.cfg, device.type)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype,
+                                                    enabled=device.type == "cuda" and dtype != torch.float32):
+            for batch in micro_batches([len(sequences[i]) for i in alone], self.token_budget):
+                rows = [alone[i] for i in batch]
+                input_ids, attention_mask = pad_right([sequences[i] for i in rows], self.tokenizer.pad_token_id)
+                for i, value in zip(rows, self._forward(input_ids, attention_mask)):
+                    scores[i] = value
+            for batch in group_batches(groups, self.token_budget):
+                for i, value in zip([i for group in batch for i in group.rows], self._score_shared(sequences, batch)):
+                    scores[i] = value
+        self.model.train(was_training)
+        self.stats.shared_tokens += sum(group.shared * (len(group.rows) - 1) for group in groups)
+        return scores
+
+    def _score_shared(self, sequences: list[list[int]], groups: list[PrefixGroup]) -> list[float]:
+        """Scores of the groups' rows, in group order, on their shared prefixes (:func:`forward_on_shared_prefixes`)."""
+        output, _ = forward_on_shared_prefixes(self.model, sequences, groups, self.tokenizer.pad_token_id)
+        return _probabilities(output.logits)
+
+    def _forward(self, input_ids, attention_mask) -> list[float]:
+        """``sigmoid`` of the logit the model pools at each row's last non-pad token."""
+        device = next(self.model.parameters()).device
+        logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+        return _probabilities(logits)
+
+
+def _probabilities(logits) -> list[float]:
+    """P(success) per row of the score head's ``[rows, 1]`` logits."""
+    import torch
+
+    return torch.sigmoid(logits.float().squeeze(-1)).tolist()
+
+
+def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str | None = None,
+                     cache_dir: str | None = None) -> ModelConfig:
+    """The PRM's base (``prm.base_model``, else ``model.spec``) with the ``model`` section's loading settings."""
+    return ModelConfig.from_dict({**model_settings, "spec": prm_settings["base_model"] or model_settings["spec"],
+                                  "adapter": adapter_dir, "cache_dir": cache_dir})
+
+
+def load_prm(model_settings: dict, prm_settings: dict, adapter_dir: str, cache_dir: str | None = None) -> PRMScorer:
+    """The trained PRM of ``adapter_dir`` as a scorer, from the config's ``model`` and ``prm`` sections."""
+    cfg = prm_model_config(model_settings, prm_settings, adapter_dir, cache_dir)
+    return PRMScorer(cfg, max_length=prm_settings["max_length"], token_budget=prm_settings["score_batch_tokens"])

@@ -1,0 +1,215 @@
+"""What every training stage shares: the device, LoRA, the Trainer's settings, progress lines, the one adapter
+writer and the metrics file.
+
+SFT (:mod:`clemprm.stages.sft`), the PRM (:mod:`clemprm.stages.prm`) and the RL trainer (:mod:`clemprm.rl.trainer`)
+train PEFT LoRA adapters. On CUDA: bf16, gradient checkpointing, paged 8-bit AdamW; on CPU: fp32, ``adamw_torch``.
+An adapter is written beside its final folder and moved into place, so a killed job never leaves half an adapter.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from clemprm import records
+from clemprm.config import provenance
+
+OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
+
+
+def split_instances(keys, fraction: float, seed: int) -> set:
+    """The validation instances: a ``fraction`` of the distinct instance keys (at least one when there are two
+    or more, never all), chosen by a seeded hash and spread over games round-robin."""
+    keys = sorted(set(keys))
+    if fraction <= 0 or len(keys) < 2:
+        return set()
+    n_validation = min(len(keys) - 1, max(1, round(fraction * len(keys))))
+    by_game = collections.defaultdict(list)
+    for key in keys:
+        by_game[key[0]].append(key)
+    for game_keys in by_game.values():
+        game_keys.sort(key=lambda k: hashlib.sha256(f"{seed}/{'/'.join(k)}".encode()).hexdigest())
+    order = [key for group in _zip_longest(*(by_game[g] for g in sorted(by_game))) for key in group]
+    return set(order[:n_validation])
+
+
+def _zip_longest(*lists):
+    from itertools import zip_longest
+    return [[item for item in group if item is not None] for group in zip_longest(*lists)]
+
+
+def device_name() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def lora_config(lora: dict, task_type: str):
+    """The PEFT LoRA config of a stage's ``lora`` section (``CAUSAL_LM`` for SFT, ``SEQ_CLS`` for the PRM)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], bias="none",
+                      target_modules=lora["target_modules"], task_type=task_type)
+
+
+def sample_at_most(examples: list, limit: int | None, seed: int) -> list:
+    """At most ``limit`` of ``examples`` (all when ``limit`` is None), drawn by ``seed``."""
+    return random.Random(seed).sample(examples, limit) if limit is not None and len(examples) > limit else examples
+
+
+def progress_callback(stage: str = "sft"):
+    """A Trainer callback that logs ``<stage> step i/n (epoch, seconds per step): losses`` lines to the logger
+    ``clemprm.<stage>``."""
+    from transformers import TrainerCallback
+
+    logger = logging.getLogger(f"clemprm.{stage}")
+
+    class LogProgress(TrainerCallback):
+        """Training progress as log lines in the rule log (the progress bars are off)."""
+
+        start = first_step = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.start, self.first_step = time.perf_counter(), state.global_step
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in (logs or {}).items()
+                     if k in ("loss", "mean_token_accuracy", "learning_rate", "grad_norm", "eval_loss",
+                              "eval_mean_token_accuracy", "train_runtime", "num_tokens")}
+            steps = state.global_step - (self.first_step or 0)
+            rate = (time.perf_counter() - self.start) / steps if self.start is not None and steps else math.nan
+            logger.info("%s step %d/%d (epoch %.2f, %.2f s/step): %s", stage, state.global_step, state.max_steps,
+                        state.epoch or 0.0, rate, shown)
+
+    return LogProgress()
+
+
+def keep_4bit_differentiable(model) -> int:
+    """bitsandbytes 0.50 repacks a CPU 4-bit layer for its AVX512-BF16 kernel at the first no-grad forward in
+    eval mode (our per-epoch evaluation) and then computes it with ``gemv_4bit`` for good, which has no
+    autograd kernel: training after an evaluation would silently lose the gradients through every frozen
+    4-bit layer. Training keeps those layers on the generic, differentiable path. Returns layers changed."""
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
+
+
+def finite(value):
+    """``value`` if it is a finite number, else None (JSON has no NaN)."""
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def epoch_history(log_history: list[dict], initial: dict | None) -> list[dict]:
+    """Per epoch: mean train loss and token accuracy of its steps, eval loss and token accuracy at its end."""
+    epochs = []
+    if initial:
+        epochs.append({"epoch": 0, "eval_loss": finite(initial.get("eval_loss")),
+                       "eval_token_accuracy": finite(initial.get("eval_mean_token_accuracy"))})
+    steps = collections.defaultdict(list)
+    evals = {}
+    for entry in log_history:
+        epoch = entry.get("epoch")
+        if epoch is None:
+            continue
+        index = max(1, math.ceil(round(epoch, 6)))
+        if "loss" in entry:
+            steps[index].append(entry)
+        elif "eval_loss" in entry:
+            evals[index] = entry
+    for index in sorted(set(steps) | set(evals)):
+        logged = steps.get(index, [])
+        row = {"epoch": index, "steps": len(logged),
+               "train_loss": finite(sum(e["loss"] for e in logged) / len(logged)) if logged else None,
+               "train_token_accuracy": finite(sum(e.get("mean_token_accuracy", math.nan) for e in logged)
+                                               / len(logged)) if logged else None}
+        if index in evals:
+            row["eval_loss"] = finite(evals[index]["eval_loss"])
+            row["eval_token_accuracy"] = finite(evals[index].get("eval_mean_token_accuracy"))
+        epochs.append(row)
+    return epochs
+
+
+def peak_memory_mb() -> dict:
+    import torch
+    peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}   # Linux: KiB
+    if torch.cuda.is_available():
+        peak["cuda_allocated"] = torch.cuda.max_memory_allocated() / 2**20
+    return {key: round(value, 1) for key, value in peak.items()}
+
+
+@contextlib.contextmanager
+def scratch_beside(folder: str | Path):
+    """A scratch folder next to ``folder`` (on the same filesystem, so a move into place is atomic), removed after."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list[str] | None = None) -> None:
+    """THE adapter writer: save the PEFT adapter (or the named adapters: ``default`` at the top, the others in
+    sub-folders named after them, PEFT's layout) beside ``adapter_dir``, name their base by ``spec`` (``tiny:0``,
+    ``embedded:...``, a hub id) rather than this machine's cache path, then move it into place."""
+    adapter_dir = Path(adapter_dir)
+    with scratch_beside(adapter_dir) as scratch:
+        out = scratch / "adapter"
+        # save_embedding_layers=False: a LoRA on lm_head (or embed_tokens) would otherwise also save the whole base
+        # matrix (PEFT's default for embedding targets, meant for a resized vocabulary; 113 MB for SmolLM2's lm_head)
+        model.save_pretrained(str(out), save_embedding_layers=False,
+                              **({"selected_adapters": adapter_names} if adapter_names else {}))
+        for config_path in out.rglob("adapter_config.json"):
+            data = json.loads(config_path.read_text())
+            data["base_model_name_or_path"] = spec
+            config_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        if adapter_dir.exists():
+            shutil.rmtree(adapter_dir)
+        os.replace(out, adapter_dir)
+
+
+def trainer_arguments(section: dict, *, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
+                      has_validation: bool, optimizer: str, gradient_checkpointing: bool, weight_decay: float) -> dict:
+    """The ``TrainingArguments`` (and TRL ``SFTConfig``) settings SFT and the PRM share, from a stage's section
+    (``lr``, ``epochs``, ``scheduler``, ``warmup_ratio``, ``batch_size``): with a validation side, an evaluation and a
+    checkpoint per epoch and the best epoch's weights loaded at the end (early stopping reads the eval loss);
+    length-grouped batches; progress as log lines (:func:`progress_callback`), no tracker."""
+    import torch
+
+    per_epoch = {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
+                 "metric_for_best_model": "eval_loss", "greater_is_better": False, "save_total_limit": 1,
+                 "save_only_model": True} if has_validation else {"eval_strategy": "no", "save_strategy": "no"}
+    return dict(
+        output_dir=output_dir, seed=seed, data_seed=seed,
+        learning_rate=section["lr"], num_train_epochs=section["epochs"], lr_scheduler_type=section["scheduler"],
+        warmup_steps=section["warmup_ratio"], weight_decay=weight_decay, max_grad_norm=1.0,
+        per_device_train_batch_size=section["batch_size"], per_device_eval_batch_size=section["batch_size"],
+        gradient_accumulation_steps=grad_accum, optim=optimizer,
+        bf16=device == "cuda" and dtype == torch.bfloat16, fp16=device == "cuda" and dtype == torch.float16,
+        activation_checkpointing=gradient_checkpointing,     # transformers 5 name of gradient_checkpointing
+        activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
+        train_sampling_strategy="group_by_length",   # similar lengths per batch: less padding
+        logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
+        dataloader_pin_memory=device == "cuda", **per_epoch)
+
+
+def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: str | Path) -> None:
+    """Add wall seconds, peak memory, config and versions to a stage's metrics and write them."""
+    metrics["seconds"] = round(time.perf_counter() - start, 2)
+    metrics["peak_memory_mb"] = peak_memory_mb()
+    metrics.update(provenance(settings))
+    records.write_json(metrics_path, metrics)

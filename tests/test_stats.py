@@ -1,0 +1,87 @@
+"""clemprm.stats against definitions computed the long way, on random data."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from clemprm import stats
+
+
+def brute_auroc(scores, labels):
+    """P(score of a positive > score of a negative), ties half: every pair counted."""
+    positives = [s for s, y in zip(scores, labels) if y > 0.5]
+    negatives = [s for s, y in zip(scores, labels) if y <= 0.5]
+    wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(positives, negatives))
+    return wins / (len(positives) * len(negatives))
+
+
+def mean_ranks(values):
+    order = sorted(values)
+    return [np.mean([i + 1 for i, v in enumerate(order) if v == value]) for value in values]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_correlations_and_auroc_match_their_definitions_on_random_data(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 60))
+    scores = list(np.round(rng.normal(size=n), 1))      # rounded: ties happen
+    labels = list(rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=n))
+    labels[0], labels[1] = 0.0, 1.0                      # both classes present
+    x, y = np.array(scores), np.array(labels)
+    pearson = ((x - x.mean()) * (y - y.mean())).sum() / np.sqrt(((x - x.mean()) ** 2).sum() * ((y - y.mean()) ** 2).sum())
+    assert stats.pearson(scores, labels) == pytest.approx(pearson, abs=1e-12)
+    rx, ry = np.array(mean_ranks(scores)), np.array(mean_ranks(labels))
+    spearman = np.corrcoef(rx, ry)[0, 1]
+    assert stats.spearman(scores, labels) == pytest.approx(spearman, abs=1e-12)
+    assert stats.auroc(scores, labels) == pytest.approx(brute_auroc(scores, labels), abs=1e-12)
+
+
+def test_undefined_correlations_and_auroc_are_none():
+    assert stats.pearson([1, 1, 1], [0, 1, 0]) is None and stats.spearman([1, 2], [3, 3]) is None
+    assert stats.pearson([1], [2]) is None
+    assert stats.auroc([0.2, 0.4], [0.7, 0.9]) is None and stats.auroc([0.2, 0.4], [0.0, 0.5]) is None
+
+
+def instance_sums(rng, games=("a", "b"), instances=12):
+    rows = [(game, "e", str(i), float(rng.integers(0, 5)), 4.0) for game in games for i in range(instances)]
+    return pd.DataFrame(rows, columns=["game", "experiment", "game_id", "wins", "episodes"]).set_index(
+        ["game", "experiment", "game_id"])
+
+
+def win_rate(tables, weights):
+    per_game = {game: {"rate": (weights[game] @ t["wins"].to_numpy()) / (weights[game] @ t["episodes"].to_numpy())}
+                for game, t in tables.items()}
+    return {**per_game, stats.OVERALL: stats.macro_average(list(per_game.values()), ["rate"])}
+
+
+def test_bootstrap_point_is_the_plain_estimate_and_draws_resample_within_games():
+    table = instance_sums(np.random.default_rng(0))
+    tables = stats.split_by_game(table)
+    result = stats.bootstrap(tables, win_rate, samples=500, seed=3, ci=0.9)
+    for game, part in tables.items():
+        assert result[game]["rate"]["value"] == pytest.approx(part["wins"].sum() / part["episodes"].sum())
+        assert result[game]["rate"]["ci_low"] < result[game]["rate"]["value"] < result[game]["rate"]["ci_high"]
+    weights = stats.bootstrap_weights(tables, 500, 3)
+    assert all((w.sum(axis=1) == len(tables[g])).all() for g, w in weights.items())   # every game keeps its size
+    assert result == stats.bootstrap(tables, win_rate, samples=500, seed=3, ci=0.9)   # seeded
+
+
+def test_paired_difference_of_a_table_with_itself_is_exactly_zero_and_keeps_common_instances():
+    table = instance_sums(np.random.default_rng(1))
+    other = table.copy()
+    other["wins"] = np.minimum(other["wins"] + 1, 4)
+    same = stats.paired_difference(table, table, win_rate, 200, 0, 0.95)
+    assert same[stats.OVERALL]["rate"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    better = stats.paired_difference(other, table.iloc[:-3], win_rate, 200, 0, 0.95)
+    assert better[stats.OVERALL]["instances"] == len(table) - 3
+    assert better[stats.OVERALL]["rate"]["ci_low"] > 0
+    assert stats.paired_difference(other, table.iloc[:0], win_rate, 200, 0, 0.95) == {}
+
+
+def test_derive_seed_is_stable_and_63_bit():
+    assert stats.derive_seed(1, "a", 2) == stats.derive_seed(1, "a", 2) != stats.derive_seed(1, "a", 3)
+    assert 0 <= stats.derive_seed("x") < 2 ** 63
