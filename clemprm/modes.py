@@ -75,7 +75,7 @@ MODES: dict[str, EvalMode] = {mode.name: mode for mode in [
     EvalMode("best_of_n_logprob", "sft", "best_of_n", "logprob", SEARCH_KEYS, inputs={"sft_adapter": SFT_ADAPTER},
              baseline=True, description="best_of_n ranked by the policy's mean token log-probability"),
     EvalMode("beam_search_logprob", "sft", "beam_search", "logprob", SEARCH_KEYS + BEAM_KEYS,
-             inputs={"sft_adapter": SFT_ADAPTER},
+             inputs={"sft_adapter": SFT_ADAPTER}, baseline=True,
              description="beam_search ranked by the policy's mean token log-probability"),
     EvalMode("best_of_n_implicit", "sft", "best_of_n", "implicit", SEARCH_KEYS, ("rl",),
              {"sft_adapter": SFT_ADAPTER, "rl_adapter": rl_adapter("prime")}, algorithm="prime",

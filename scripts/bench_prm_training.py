@@ -88,8 +88,9 @@ def main() -> None:
     for name, overrides in variants:
         settings = {"seed": config["seed"], "model": config["model"], "prm": deep_merge(config["prm"], overrides)}
         folder = args.workdir / name
+        # a variant that fails the quality gate is a result here, not an error
         metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"),
-                                sft_adapter=args.sft_adapter)
+                                sft_adapter=args.sft_adapter, on_failure="continue")
         results[name] = metrics
     first = next(iter(results.values()))
     ranking, side = first["ranking"], first["ranking"]["side"]
@@ -110,6 +111,10 @@ def main() -> None:
               f"{pearson if pearson is None else round(pearson, 3)!s:>7} "
               f"{metrics.get('train_seconds', '') if scorer == 'prm' else '':>7}")
     for name, metrics in results.items():
+        held_out = metrics["evaluation"][side] or {}
+        print(f"prm [{name}] gate {metrics['gate']['status']}: mean prediction {held_out.get('mean_prediction')}, "
+              f"label {held_out.get('mean_label')}; std prediction {held_out.get('std_prediction')}, "
+              f"label {held_out.get('std_label')}")
         per_game = metrics["ranking"]["scorers"]["prm"]
         print(f"prm [{name}] per game: " + "; ".join(
             f"{game}: accuracy {show(entry['pairwise_accuracy'])}, regret {show(entry['top1_regret'])}"

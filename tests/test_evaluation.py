@@ -44,7 +44,7 @@ def eval_run(tmp_path_factory, scripted_policy):
     folder = tmp_path_factory.mktemp("eval")
     prm = ScriptedPRM(lambda messages, candidate: 0.1 if candidate == JUNK else 0.5 + 0.4 * ("GUESS: 1" != candidate))
     paths, policies = {}, {}
-    for mode in evaluate.EPISODE_MODES:
+    for mode in evaluate.episode_modes():
         paths[mode] = str(folder / f"{mode}.parquet")
         policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
         evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
@@ -114,8 +114,8 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     diff = summary["differences"]["greedy_sft"]["best_of_n"]["overall"]
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
-    assert set(summary["differences"]) == set(evaluate.BASELINES)
-    assert set(summary["differences"]["greedy_base"]) == set(evaluate.EPISODE_MODES) - {"greedy_base"}
+    assert set(summary["differences"]) == set(evaluate.baselines())
+    assert set(summary["differences"]["greedy_base"]) == set(evaluate.episode_modes()) - {"greedy_base"}
 
 
 def estimates_of(node):
@@ -188,7 +188,7 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
     _, summary, _, _ = eval_run
     diff = summary["differences"]["greedy_sft"]["greedy_base"]   # the same scripted policy plays both
     for group in diff.values():
-        for metric in evaluate.METRICS:
+        for metric in ("percent_played", "quality", "clemscore", "success_rate"):
             assert group[metric]["value"] in (0.0, None)
             assert group[metric]["ci_low"] == group[metric]["ci_high"] == group[metric]["value"]
     single = summary["modes"]["greedy_sft"]["results"]["overall"]["percent_played"]
@@ -254,7 +254,7 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     run = records.read_provenance(tmp_path / "greedy_base.parquet")["run"]
     assert run["policy"]["spec"] == "tiny:0" and run["policy"]["stats"]["new_tokens"] > 0
     assert [r["policy_tokens"] for r in greedy] == [sum(t["new_tokens"] for t in r["turns"]) for r in greedy]
-    with pytest.raises(ValueError, match="SFT adapter"):
+    with pytest.raises(ValueError, match="needs its sft_adapter"):
         evaluate.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"), test_cache_dir)
 
     from clemprm.models.generation import load_policy

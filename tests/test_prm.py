@@ -290,9 +290,10 @@ def test_metrics_json_has_every_key(trained):
     for key in ("status", "model", "loss", "examples", "tokens", "steps", "epochs_run", "max_epochs", "stopped_early",
                 "best_epoch", "batch_size", "grad_accum", "effective_batch", "train_loss", "eval_loss",
                 "initial_eval_loss", "history", "evaluation", "baselines", "ranking", "train_seconds", "seconds",
-                "peak_memory_mb", "config", "versions"):
+                "peak_memory_mb", "config", "versions", "gate", "label_weighting"):
         assert key in metrics, key
-    block_keys = {"n", "mean_label", "mean_prediction", "bce", "mse", "pearson", "spearman", "auroc", "calibration"}
+    block_keys = {"n", "mean_label", "mean_prediction", "std_label", "std_prediction", "bce", "mse", "pearson",
+                  "spearman", "auroc", "calibration"}
     for side in ("train", "validation"):
         assert set(metrics["evaluation"][side]) == block_keys
         for baseline in ("constant_mean", "game_mean"):
@@ -459,8 +460,9 @@ def test_validation_split_branch_points_are_the_held_out_set_never_trained_or_se
         if row["game_id"] >= 4:    # 2 of 6 instances per experiment and game
             row["split"] = "validation"
     settings = prm_settings(lr=3e-3, epochs=2, batch_size=8, grad_accum=1, validation_fraction=0.0)
+    # two short epochs: what is checked is which rows are held out, not how well it learned (its gate may fail)
     metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
-                            str(tmp_path / "m.json"), test_cache_dir)
+                            str(tmp_path / "m.json"), test_cache_dir, on_failure="continue")
     heldout = [row for row in rows if row["split"] == "validation"]
     assert metrics["examples"]["train"] == len(rows) - len(heldout) and metrics["examples"]["validation"] == 0
     assert metrics["examples"]["heldout"] == len(heldout) and metrics["examples"]["heldout_instances"] == 8
@@ -488,3 +490,119 @@ def test_empty_labels_file_writes_an_untrained_adapter(tmp_path, test_cache_dir)
     assert isinstance(scorer.cfg, ModelConfig) and scorer.cfg.adapter == str(tmp_path / "adapter")
     scores = scorer.score(pairs_of(synthetic_rows()[:3]))
     assert len(scores) == 3 and all(0.0 < s < 1.0 for s in scores)
+
+
+# ------------------------------------------------------------------------------------- quality gate, label weights
+
+
+def gate_settings(**overrides) -> dict:
+    return {"min_spread_ratio": 0.25, "max_mean_gap": 0.05, **overrides}
+
+
+def ranking_of(**accuracy_and_regret) -> dict:
+    """A ranking block with overall pairwise accuracy and top-1 regret per scorer, as ranking_metrics writes it."""
+    return {"scorers": {name: {"overall": {"pairwise_accuracy": {"value": accuracy}, "top1_regret": {"value": regret}}}
+                        for name, (accuracy, regret) in accuracy_and_regret.items()}}
+
+
+def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_baseline():
+    held_out = {"mean_label": 0.096, "mean_prediction": 0.022, "std_label": 0.2, "std_prediction": 0.01}
+    ranking = ranking_of(prm=(0.42, 0.144), candidate_length=(0.68, 0.087), policy_logprob=(0.55, 0.12),
+                         constant_mean=(0.5, 0.137))
+    gate = prm_metrics.quality_gate(held_out, ranking, gate_settings())
+    assert gate["status"] == "failed" and not any(check["passed"] for check in gate["checks"])
+    by_check = {check["check"]: check for check in gate["checks"]}
+    assert by_check["spread"]["value"] == pytest.approx(0.05)
+    assert by_check["pairwise_accuracy"]["baseline"] == "candidate_length" and "0.680" in by_check["pairwise_accuracy"]["message"]
+    assert by_check["top1_regret"]["baseline"] == "candidate_length"
+    learned = prm_metrics.quality_gate({**held_out, "mean_prediction": 0.1, "std_prediction": 0.15},
+                                       ranking_of(prm=(0.7, 0.05), candidate_length=(0.68, 0.087),
+                                                  constant_mean=(0.5, 0.137)), gate_settings())
+    assert learned["status"] == "passed" and len(learned["checks"]) == 4
+    nothing = prm_metrics.quality_gate(None, None, gate_settings())
+    assert nothing == {"status": "not_measured", "checks": [], "not_measured": nothing["not_measured"]}
+    assert len(nothing["not_measured"]) == 3
+    assert "FAIL spread" in prm_metrics.gate_lines(gate)
+
+
+def test_balanced_label_weights_give_each_class_half_of_the_loss():
+    examples = [prm.Example([1], False, label, ("g", "e", "0"), row=i) for i, label in enumerate([0, 0, 0, 0.25])]
+    weights = prm.label_weights(examples, "balanced")
+    assert weights == {0: pytest.approx(2 / 3), 1: pytest.approx(2 / 3), 2: pytest.approx(2 / 3), 3: 2.0}
+    assert sum(weights.values()) == pytest.approx(len(examples))
+    assert set(prm.label_weights(examples, "none").values()) == {1.0}
+    assert set(prm.label_weights(examples[:3], "balanced").values()) == {1.0}      # one class: nothing to balance
+    logits, labels = torch.tensor([0.3, -1.0, 2.0, 0.0]), torch.tensor([0.0, 0.0, 0.0, 0.25])
+    per_pair = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    w = torch.tensor([weights[i] for i in range(4)])
+    groups = torch.zeros(4, dtype=torch.long)
+    assert prm.prm_loss(logits, labels, groups, "bce", 0.0, w) == pytest.approx(float((w * per_pair).sum() / w.sum()))
+    assert prm.prm_loss(logits, labels, groups, "bce", 0.0) == pytest.approx(float(per_pair.mean()))
+
+
+def test_the_trained_prm_passes_its_gate(trained):
+    gate = trained["metrics"]["gate"]
+    assert gate["status"] == "passed", prm_metrics.gate_lines(gate)
+
+
+@pytest.fixture(scope="module")
+def untrained_prm(tmp_path_factory, test_cache_dir):
+    """A PRM whose training cannot move it (learning rate 1e-12): it predicts its random start everywhere."""
+    tmp = tmp_path_factory.mktemp("collapsed")
+    settings = prm_settings(lr=1e-12, epochs=1, batch_size=8, grad_accum=1, validation_fraction=0.25)
+    return tmp, settings, write_labels(tmp / "labels.parquet", synthetic_rows())
+
+
+def test_a_prm_that_learned_nothing_stops_the_stage_naming_the_metric_and_the_baseline(untrained_prm, test_cache_dir):
+    from clemprm.checks.run_time import StageFailure
+
+    tmp, settings, labels = untrained_prm
+    with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not pass its quality gate: spread: .*"
+                                           r"pairwise_accuracy: .* of the best baseline, \w+"):
+        prm.train_prm(settings, labels, str(tmp / "stop-adapter"), str(tmp / "stop.json"), test_cache_dir)
+    assert not (tmp / "stop-adapter").exists() and not (tmp / "stop.json").exists()
+
+
+def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_searched_with_the_prm(
+        untrained_prm, test_cache_dir, scripted_policy):
+    from clemprm.evaluation import evaluate, report
+    from clemprm.play.engine import Generation
+    from tests.test_evaluation import SETTINGS, ScriptedPRM
+
+    tmp, settings, labels = untrained_prm
+    metrics = prm.train_prm(settings, labels, str(tmp / "adapter"), str(tmp / "metrics.json"), test_cache_dir,
+                            on_failure="continue")
+    assert metrics["gate"]["status"] == "failed" and (tmp / "adapter/adapter_model.safetensors").is_file()
+    (mark,) = metrics["failure_marks"]
+    assert mark["condition"] == "prm_not_learned" and mark["stage"] == "prm_adapter"
+
+    class Policy(scripted_policy):
+        def generate(self, perspectives, seeds=None, **kwargs):
+            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2) for _ in perspectives]
+
+    paths = {}
+    for mode in ("greedy_sft", "best_of_n"):
+        paths[mode] = str(tmp / f"{mode}.parquet")
+        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=Policy(None, name=mode),
+                               prm=ScriptedPRM(lambda messages, candidate: 0.5))
+    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp / "prm_eval.json"),
+                                      prm_metrics_path=str(tmp / "metrics.json"))
+    assert summary["prm"]["gate"]["status"] == "failed"
+    assert summary["modes"]["best_of_n"]["prm_gate"] == "failed" and "prm_gate" not in summary["modes"]["greedy_sft"]
+    assert [m["condition"] for m in summary["upstream_warnings"]] == ["prm_not_learned"]
+    assert "best_of_n ran on a PRM that did not pass its quality gate" in summary["warnings"]
+    assert "RAN ON A PRM THAT DID NOT PASS" in evaluate.summary_lines(summary)
+    report.write_warnings_page(summary, tmp / "warnings.html")
+    page = (tmp / "warnings.html").read_text()
+    assert "prm_not_learned" in page and "best_of_n ran on a PRM that did not pass its quality gate" in page
+
+
+def test_matching_a_perfect_baseline_passes_but_matching_an_imperfect_one_does_not():
+    held_out = {"mean_label": 0.5, "mean_prediction": 0.5, "std_label": 0.3, "std_prediction": 0.3}
+    perfect = prm_metrics.quality_gate(held_out, ranking_of(prm=(1.0, 0.0), policy_logprob=(1.0, 0.0),
+                                                            constant_mean=(0.5, 0.2)), gate_settings())
+    assert perfect["status"] == "passed"
+    tie = prm_metrics.quality_gate(held_out, ranking_of(prm=(0.7, 0.1), policy_logprob=(0.7, 0.1),
+                                                        constant_mean=(0.5, 0.2)), gate_settings())
+    assert tie["status"] == "failed" and {c["check"] for c in tie["checks"] if not c["passed"]} == {
+        "pairwise_accuracy", "top1_regret"}

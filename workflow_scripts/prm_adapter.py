@@ -5,4 +5,5 @@ setup_job(snakemake)
 from clemprm.stages import prm  # noqa: E402  (after setup_job: offline mode is read at import)
 
 prm.train_prm(snakemake.params.settings, snakemake.input.labels, snakemake.output.adapter, snakemake.output.metrics,
-              snakemake.config["cache_dir"], sft_adapter=snakemake.input.sft_adapter)
+              snakemake.config["cache_dir"], sft_adapter=snakemake.input.sft_adapter,
+              on_failure=snakemake.config["on_failure"])

@@ -5,7 +5,9 @@ A stage fails (:class:`StageFailure`, one message naming the game, the count and
 * a configured game has no instance in the split the stage plays, or every episode of a game failed (base
   rollouts, branch points, every eval mode);
 * there are no wins to fine-tune on (``sft_adapter``), no branch points (``branch_points``), or no soft label
-  with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same).
+  with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same);
+* the trained PRM fails its quality gate (``prm_adapter``: its predictions collapsed, or it ranks siblings no better
+  than a candidate-aware baseline, :func:`clemprm.stages.prm_metrics.quality_gate`).
 
 With ``on_failure: continue`` (config) the stage goes on instead, logs the message as a loud warning and returns a
 :class:`FailureMark`, which the stage records in its output (:data:`MARKS_KEY` of a record file's provenance, or of
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
 CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "no_branch_points",
-              "no_soft_labels", "no_label_variance")
+              "no_soft_labels", "no_label_variance", "prm_not_learned")
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from clemprm import records, stats
-from clemprm.checks.run_time import (check_episodes, check_instances, failures_by_game, marks_metadata,
+from clemprm.checks.run_time import (CONDITIONS, check_episodes, check_instances, failures_by_game, marks_metadata,
                                      read_failure_marks)
 from clemprm.config import provenance
 from clemprm.models.loader import policy_settings
@@ -48,9 +48,6 @@ from clemprm.stats import OVERALL
 
 log = logging.getLogger(__name__)
 
-BASELINES = tuple(name for name, mode in MODES.items() if mode.baseline)
-# the modes whose episodes the summary's modes and differences cover (self_correct has its own entry)
-EPISODE_MODES = tuple(name for name in MODES if name != SELF_CORRECT)
 SCHEMA_PATH = Path(__file__).with_name("prm_eval.schema.json")
 
 
@@ -277,16 +274,29 @@ def prm_summary(prm_metrics: dict) -> dict | None:
               **{name: (entry or {}).get(side) for name, entry in (prm_metrics.get("baselines") or {}).items()}}
     return {"side": side, "instances": (prm_metrics.get("examples") or {}).get(f"{side}_instances"),
             "loss": prm_metrics.get("loss"), "pairwise_weight": prm_metrics.get("pairwise_weight"),
+            "gate": prm_metrics.get("gate"),
             "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
                        for name, block in blocks.items() if name in RANKING_SCORERS and block},
             "ranking": {key: value for key, value in ranking.items() if key != "side"}}
 
 
+def baselines() -> list[str]:
+    """The modes every other mode's difference is reported to (``baseline`` in :data:`clemprm.modes.MODES`)."""
+    return [name for name, mode in MODES.items() if mode.baseline]
+
+
+def episode_modes() -> list[str]:
+    """The modes whose episodes the summary's modes and differences cover (self_correct has its own entry)."""
+    return [name for name in MODES if name != SELF_CORRECT]
+
+
 def summary_schema() -> dict:
-    """The schema of ``prm_eval.json``, with the modes and baselines of :data:`clemprm.modes.MODES` filled in."""
+    """The schema of ``prm_eval.json``, with the modes and baselines of :data:`clemprm.modes.MODES` and the failure
+    conditions of :data:`clemprm.checks.run_time.CONDITIONS` filled in."""
     schema = json.loads(SCHEMA_PATH.read_text())
-    schema["$defs"]["mode"] = {"enum": list(EPISODE_MODES)}
-    schema["properties"]["differences"]["propertyNames"] = {"enum": list(BASELINES)}
+    schema["$defs"]["mode"] = {"enum": episode_modes()}
+    schema["properties"]["differences"]["propertyNames"] = {"enum": baselines()}
+    schema["properties"]["upstream_warnings"]["items"]["properties"]["condition"] = {"enum": list(CONDITIONS)}
     return schema
 
 
@@ -307,25 +317,33 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
         schema = records.SELF_CORRECT_EPISODES if mode == SELF_CORRECT else records.EVAL_EPISODES
         runs[mode] = (records.read_records(path, schema), run)
     self_correct = runs.pop(SELF_CORRECT, None)   # attempt pairs of two policies: its own entry
-    marks = [mark for path in [*upstream_paths, *mode_paths] for mark in read_failure_marks(path)]
+    prm_metrics = json.loads(Path(prm_metrics_path).read_text()) if prm_metrics_path is not None else None
+    # in pipeline order: the earlier stages, the PRM (its quality gate), then the modes
+    prm_paths = [prm_metrics_path] if prm_metrics_path is not None else []
+    marks = [mark for path in [*upstream_paths, *prm_paths, *mode_paths] for mark in read_failure_marks(path)]
+    gate = (prm_metrics or {}).get("gate") or {}
     tables = {mode: instance_table(rows) for mode, (rows, _) in runs.items() if rows}
     summary = {
         "split": eval_settings["split"],
         "bootstrap": {"samples": samples, "ci": ci, "seed": seed, "unit": "instance (game, experiment, game_id)",
                       "resampling": "within each game", "interval": "percentile"},
         "modes": {mode: {"policy": run.get("policy"), "prm": run.get("prm"), "cost": mode_cost(rows, run),
-                         "results": mode_estimates(tables[mode], samples, seed, ci, rows) if mode in tables else {}}
+                         "results": mode_estimates(tables[mode], samples, seed, ci, rows) if mode in tables else {},
+                         **({"prm_gate": gate.get("status")} if MODES[mode].scorer == "prm" else {})}
                   for mode, (rows, run) in runs.items()},
         # on_failure: continue let these stages go on despite a fail-fast condition (in pipeline order)
         "upstream_warnings": marks,
         "warnings": [mark["message"] for mark in marks],
         "differences": {baseline: {mode: difference(tables[mode], tables[baseline], samples, seed, ci)
                                    for mode in tables if mode != baseline}
-                        for baseline in BASELINES if baseline in tables},
+                        for baseline in baselines() if baseline in tables},
         **provenance(settings),
     }
-    if prm_metrics_path is not None:
-        summary["prm"] = prm_summary(json.loads(Path(prm_metrics_path).read_text()))
+    if prm_metrics is not None:
+        summary["prm"] = prm_summary(prm_metrics)
+    if gate.get("status") == "failed":   # the searches ranked by it say so
+        summary["warnings"] += [f"{mode} ran on a PRM that did not pass its quality gate"
+                                for mode in summary["modes"] if MODES[mode].scorer == "prm"]
     if self_correct is not None:
         from clemprm.rl.self_correction import self_correction_summary
 
@@ -355,7 +373,9 @@ def summary_lines(summary: dict) -> str:
             lines.append(f"{mode}: {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
                          f"quality {show(overall['quality'])}, clemscore {show(overall['clemscore'])}, "
                          f"success {show(overall['success_rate'])}, failed episodes {overall.get('errors', 0)}; "
-                         f"cost {entry['cost']}")
+                         f"cost {entry['cost']}"
+                         + ("; RAN ON A PRM THAT DID NOT PASS ITS QUALITY GATE" if entry.get("prm_gate") == "failed"
+                            else ""))
     return "\n".join(lines)
 
 

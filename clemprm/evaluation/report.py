@@ -122,6 +122,8 @@ def write_warnings_page(summary: dict, path: str | Path) -> None:
 
     marks = summary.get("upstream_warnings") or []
     columns = ("stage", "game", "condition", "count", "first_error")
+    # what the marks imply beyond them (e.g. the modes that searched with a PRM that did not pass its gate)
+    implied = [w for w in summary.get("warnings") or [] if w not in {mark.get("message") for mark in marks}]
     if marks:
         header = "".join(f"<th>{column.replace('_', ' ')}</th>" for column in columns)
         rows = "".join("<tr>" + "".join(f"<td>{cell(mark, column)}</td>" for column in columns) + "</tr>\n"
@@ -129,7 +131,8 @@ def write_warnings_page(summary: dict, path: str | Path) -> None:
         text = ('<div style="border: 3px solid #c00; color: #900; padding: 0.5em 1em; margin-bottom: 1em">\n'
                 f"<p><strong>WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue); the "
                 f"results of this report are built on them.</strong></p>\n"
-                f"<table>\n<tr>{header}</tr>\n{rows}</table>\n</div>\n")
+                f"<table>\n<tr>{header}</tr>\n{rows}</table>\n"
+                + "".join(f"<p>{html.escape(warning)}</p>\n" for warning in implied) + "</div>\n")
     else:
         text = "<p>No stage went on after a failure: every fail-fast check passed.</p>\n"
     Path(path).parent.mkdir(parents=True, exist_ok=True)

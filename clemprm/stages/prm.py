@@ -36,8 +36,9 @@ from clemprm.models.loader import load_tokenizer_and_model, policy_settings, res
 from clemprm.models.logprob import mean_logprobs
 from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
 from clemprm.models.scoring import pad_right
-from clemprm.stages.prm_metrics import (baseline_metrics, indices_by_state, orientation, prediction_metrics,
-                                        rank_metrics, ranking_metrics, states_with_siblings)
+from clemprm.checks.run_time import fail_or_warn, marks_metadata
+from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
+                                        quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
 from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite,
                               keep_4bit_differentiable, lora_config, progress_callback, scratch_beside,
                               split_instances, trainer_arguments, write_adapter)
@@ -136,16 +137,20 @@ def pairwise_loss(logits, labels, groups):
     return (gap[pairs] * F.softplus(-margins[pairs])).mean()
 
 
-def prm_loss(logits, labels, groups, loss: str, pairwise_weight: float):
+def prm_loss(logits, labels, groups, loss: str, pairwise_weight: float, weights=None):
     """The training loss of a micro-batch: BCE with logits against the soft labels (``mse``: squared error of the
-    sigmoid), plus ``pairwise_weight`` x :func:`pairwise_loss` among the siblings of ``groups``."""
+    sigmoid), a weighted mean when ``weights`` (one per pair, :func:`label_weights`) are given, plus
+    ``pairwise_weight`` x :func:`pairwise_loss` among the siblings of ``groups``."""
+    import torch
     import torch.nn.functional as F
 
     labels = labels.float()
     if loss == "mse":
-        pointwise = F.mse_loss(logits.sigmoid(), labels)
+        per_pair = F.mse_loss(logits.sigmoid(), labels, reduction="none")
     else:
-        pointwise = F.binary_cross_entropy_with_logits(logits, labels)
+        per_pair = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    weights = torch.ones_like(per_pair) if weights is None else weights.float()
+    pointwise = (weights * per_pair).sum() / weights.sum()
     if not pairwise_weight:
         return pointwise
     return pointwise + pairwise_weight * pairwise_loss(logits, labels, groups)
@@ -166,10 +171,10 @@ def _trainer_class():
             self.pairwise_weight = pairwise_weight
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            labels = inputs.pop("labels")
-            groups = inputs.pop("groups")
+            labels, groups, weights = inputs.pop("labels"), inputs.pop("groups"), inputs.pop("weights")
             outputs = model(**inputs)
-            loss = prm_loss(outputs.logits.squeeze(-1).float(), labels, groups, self.loss, self.pairwise_weight)
+            loss = prm_loss(outputs.logits.squeeze(-1).float(), labels, groups, self.loss, self.pairwise_weight,
+                            weights)
             return (loss, outputs) if return_outputs else loss
 
     return PRMTrainer
@@ -185,12 +190,26 @@ def _collator(pad_id: int):
         input_ids, attention_mask = pad_right(sequences, pad_id)
         return {"input_ids": input_ids, "attention_mask": attention_mask,
                 "labels": torch.tensor([label for row in batch for label in row["labels"]], dtype=torch.float32),
+                "weights": torch.tensor([weight for row in batch for weight in row["weights"]], dtype=torch.float32),
                 "groups": torch.tensor([i for i, row in enumerate(batch) for _ in row["labels"]])}
 
     return collate
 
 
-def _as_dataset(examples: list[Example], by_state: bool):
+def label_weights(examples: list[Example], weighting: str) -> dict[int, float]:
+    """Each example's weight in the pointwise loss, by row: 1 (``none``), or (``balanced``) such that the pairs
+    labelled 0 (no continuation won) and the pairs with any win weigh half of the loss each: on skewed labels (most 0)
+    a PRM that predicts the base rate everywhere no longer minimises the loss. The weights average to 1."""
+    if weighting == "none":
+        return {e.row: 1.0 for e in examples}
+    positive = sum(e.label > 0 for e in examples)
+    counts = {True: positive, False: len(examples) - positive}
+    if not all(counts.values()):   # one class only: nothing to balance
+        return {e.row: 1.0 for e in examples}
+    return {e.row: len(examples) / (2 * counts[e.label > 0]) for e in examples}
+
+
+def _as_dataset(examples: list[Example], by_state: bool, weights: dict[int, float]):
     """One row per pair, or (``by_state``: the pairwise loss needs a state's siblings in one micro-batch) one row
     per sibling group; ``length`` (its tokens) lets the Trainer group rows of similar lengths."""
     from datasets import Dataset
@@ -198,6 +217,7 @@ def _as_dataset(examples: list[Example], by_state: bool):
     groups = sibling_groups(examples) if by_state else [[e] for e in examples]
     return Dataset.from_dict({"input_ids": [[e.input_ids for e in group] for group in groups],
                               "labels": [[e.label for e in group] for group in groups],
+                              "weights": [[weights[e.row] for e in group] for group in groups],
                               "length": [sum(len(e.input_ids) for e in group) for group in groups]})
 
 
@@ -219,8 +239,9 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     if validation:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
     trainer = _trainer_class()(
-        model=model, args=args, train_dataset=_as_dataset(train, by_state),
-        eval_dataset=_as_dataset(validation, by_state) if validation else None,
+        model=model, args=args,
+        train_dataset=_as_dataset(train, by_state, label_weights(train, prm["label_weighting"])),
+        eval_dataset=_as_dataset(validation, by_state, label_weights(validation, "none")) if validation else None,
         data_collator=_collator(tokenizer.pad_token_id), callbacks=callbacks, loss=prm["loss"],
         pairwise_weight=prm["pairwise_weight"])
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
@@ -296,11 +317,24 @@ def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list
     return {e.row: score for e, score in zip(examples, scores)}
 
 
+def gate_marks(gate: dict, on_failure: str) -> list:
+    """The failure mark of a failed quality gate (none when it passed or measured nothing); raises under
+    ``on_failure: stop``."""
+    failed = [check for check in gate["checks"] if not check["passed"]]
+    if not failed:
+        return []
+    return [fail_or_warn("prm_adapter", "the PRM did not pass its quality gate: "
+                         + "; ".join(f"{check['check']}: {check['message']}" for check in failed), on_failure,
+                         condition="prm_not_learned", count=len(failed))]
+
+
 def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None, sft_adapter: str | None = None) -> dict:
+              cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop") -> dict:
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
     metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
-    policy whose log-probabilities are a baseline (None: the base policy)."""
+    policy whose log-probabilities are a baseline (None: the base policy). A PRM that fails its quality gate
+    (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) stops the stage naming the metric and the
+    baseline, or with ``on_failure: continue`` is written with a failure mark (:mod:`clemprm.checks.run_time`)."""
     import transformers
     from peft import get_peft_model
 
@@ -336,7 +370,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
                   "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
                   "eos_token": tokenizer.eos_token},
-        "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"],
+        "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"], "label_weighting": prm["label_weighting"],
         "examples": {
             "rows": len(rows), "train": len(train), "validation": len(validation), "heldout": len(heldout),
             "train_available": sum(e.key not in validation_keys for e in train_side),
@@ -363,13 +397,16 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
                                           orientation_side(sides["train"]) + sides[ranked], cache_dir)
             metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
+            metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"])
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
             log.warning("prm: no training examples; writing an untrained adapter")
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
-                           baselines=None, ranking=None)
+                           baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"]))
+        log.info("%s", gate_lines(metrics["gate"]))
+        metrics.update(marks_metadata(gate_marks(metrics["gate"], on_failure)))
         write_adapter(model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
     ranked_metrics = (metrics["evaluation"] or {}).get(ranked) or {}

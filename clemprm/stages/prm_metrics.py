@@ -11,6 +11,8 @@ same state, ``state_id``), the pairwise accuracy over sibling pairs with differe
 game and pooled, with bootstrap intervals over instances resampled within each game (:mod:`clemprm.stats`; the same
 draws for every scorer, so their intervals compare on equal terms).
 
+:func:`quality_gate` decides from these whether the PRM learned anything a search can use.
+
 An example here is anything with ``label`` (float), ``key`` (its instance ``(game, experiment, game_id)``) and
 ``state_id``.
 """
@@ -61,6 +63,7 @@ def prediction_metrics(predictions: list[float], labels: list[float]) -> dict | 
     clipped = [min(1 - EPSILON, max(EPSILON, p)) for p in predictions]
     return {
         "n": len(labels), "mean_label": _mean(labels), "mean_prediction": _mean(predictions),
+        "std_label": float(np.std(labels)), "std_prediction": float(np.std(predictions)),
         "bce": _mean(-(y * math.log(p) + (1 - y) * math.log(1 - p)) for p, y in zip(clipped, labels)),
         "mse": _mean((p - y) ** 2 for p, y in zip(predictions, labels)),
         "pearson": stats.pearson(predictions, labels), "spearman": stats.spearman(predictions, labels),
@@ -174,3 +177,70 @@ def ranking_metrics(examples: list, scorers: dict[str, list[float]], samples: in
                                            "prefixes": int(counts[group]["states"])}
                                    for group, entry in estimates.items()}
     return result
+
+
+GATE_BASELINES = ("candidate_length", "policy_logprob")   # the candidate-aware baselines a PRM must beat
+
+
+def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict) -> dict:
+    """Whether the trained PRM learned something a search can use, from its metrics on the ranked (held-out) side:
+
+    * ``spread``: its predictions vary at least ``gate.min_spread_ratio`` as much as the labels (standard deviations);
+      a PRM that collapsed to the base rate predicts nearly one value for every pair;
+    * ``mean``: its mean prediction is within ``gate.max_mean_gap`` of the mean label;
+    * ``pairwise_accuracy`` and ``top1_regret``: within states, it ranks siblings better than the best of the
+      candidate-aware baselines (the candidate's length, the policy's log-probability, each read the way round its
+      train side supports) and than chance (a random pick), strictly, unless that best is already perfect.
+
+    Returns ``{"status", "checks": [{"check", "passed", "value", "threshold", "baseline", "message"}],
+    "not_measured"}``, ``status`` ``failed`` when a check failed, ``passed`` when the checks made all passed, and
+    ``not_measured`` when the data decided none: a check the data cannot decide (no held-out labels, no states with
+    differently labelled siblings) is named in ``not_measured``; the gate fails only on evidence."""
+    checks, not_measured = [], []
+
+    def add(name: str, passed: bool, value: float, threshold: float, baseline: str | None, message: str) -> None:
+        checks.append({"check": name, "passed": bool(passed), "value": round(float(value), 6),
+                       "threshold": round(float(threshold), 6), "baseline": baseline, "message": message})
+
+    if held_out and held_out.get("std_label"):
+        ratio = held_out["std_prediction"] / held_out["std_label"]
+        add("spread", ratio >= gate["min_spread_ratio"], ratio, gate["min_spread_ratio"], None,
+            f"held-out prediction spread (std {held_out['std_prediction']:.4f}) is {ratio:.2f} of the labels' "
+            f"(std {held_out['std_label']:.4f}); at least {gate['min_spread_ratio']} needed")
+        gap = abs(held_out["mean_prediction"] - held_out["mean_label"])
+        add("mean", gap <= gate["max_mean_gap"], gap, gate["max_mean_gap"], None,
+            f"held-out mean prediction {held_out['mean_prediction']:.4f} vs mean label {held_out['mean_label']:.4f} "
+            f"(gap {gap:.4f}; at most {gate['max_mean_gap']})")
+    else:
+        not_measured.append("spread and mean: no held-out labels with any spread")
+
+    scorers = (ranking or {}).get("scorers") or {}
+
+    def overall(name: str, metric: str) -> float | None:
+        return (((scorers.get(name) or {}).get("overall") or {}).get(metric) or {}).get("value")
+
+    for metric, chance, better, perfect in (("pairwise_accuracy", 0.5, max, 1.0), ("top1_regret", None, min, 0.0)):
+        value = overall("prm", metric)
+        rivals = {name: overall(name, metric) for name in GATE_BASELINES}
+        if chance is not None:
+            rivals["chance"] = chance
+        else:   # a random pick among siblings: constant_mean ties them all
+            rivals["random pick"] = overall("constant_mean", metric)
+        rivals = {name: v for name, v in rivals.items() if v is not None}
+        if value is None or not rivals:
+            not_measured.append(f"{metric}: no held-out states with differently labelled siblings")
+            continue
+        best = better(rivals, key=rivals.get)
+        # beating means strictly better, except that matching a baseline that is already perfect is enough
+        beats = (value > rivals[best] if better is max else value < rivals[best]) or value == rivals[best] == perfect
+        add(metric, beats, value, rivals[best], best,
+            f"within-state {metric.replace('_', ' ')} {value:.3f} vs {rivals[best]:.3f} of the best baseline, {best}"
+            f" ({', '.join(f'{name} {v:.3f}' for name, v in rivals.items())})")
+    status = "not_measured" if not checks else "passed" if all(c["passed"] for c in checks) else "failed"
+    return {"status": status, "checks": checks, "not_measured": not_measured}
+
+
+def gate_lines(gate: dict) -> str:
+    """The gate as log lines: its status, then one line per check, PASS or FAIL."""
+    lines = [f"PRM quality gate: {gate['status']}"] + [f"{'PASS' if check['passed'] else 'FAIL'} {check['check']}: {check['message']}" for check in gate["checks"]]
+    return "\n".join(lines + [f"not measured: {what}" for what in gate["not_measured"]])

@@ -1,0 +1,71 @@
+"""The learning benchmark over seeds: the pipeline once per seed, then one table of the PRM and the searches.
+
+    python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test] [--config configs/learning.yaml]
+                                         [--workdir runs/learning] [--cores 2] [--table-only]
+
+Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/`` with the benchmark config and
+``{seed: <seed>, eval: {split: <split>}}`` on top (a finished seed is up to date and costs nothing), then
+``WORKDIR/seeds.md`` and ``seeds.json`` get the table of :mod:`clemprm.evaluation.seeds`: per seed and on average,
+the PRM's within-state metrics against every baseline, its quality gate, and every search's differences to
+``random_of_n`` and to its log-probability control. A claim holds when it holds on the mean over at least three
+seeds; ``--split test`` (the untouched split) is the final check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from clemprm.evaluation import seeds
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_seed(seed: int, args: argparse.Namespace) -> Path:
+    """The pipeline for one seed in its own folder; returns its summary's path."""
+    workdir = Path(args.workdir) / f"seed-{seed}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    override = workdir / "seed.yaml"
+    override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}}))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(args.cores),
+               "--directory", str(workdir), "results/prm_eval.json",
+               "--configfile", str(Path(args.config).resolve()), str(override)]
+    start = time.perf_counter()
+    print(f"[learning benchmark] seed {seed}: {' '.join(command)}", flush=True)
+    subprocess.run(command, check=True)
+    print(f"[learning benchmark] seed {seed}: done in {time.perf_counter() - start:.0f} s", flush=True)
+    return workdir / "results" / "prm_eval.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 42])
+    parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--config", default=str(REPO / "configs" / "learning.yaml"))
+    parser.add_argument("--workdir", default="runs/learning")
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--table-only", action="store_true", help="only tabulate the seeds already run")
+    args = parser.parse_args()
+    summaries = {}
+    for seed in args.seeds:
+        path = Path(args.workdir) / f"seed-{seed}" / "results" / "prm_eval.json"
+        if not args.table_only:
+            path = run_seed(seed, args)
+        if path.is_file():
+            summaries[seed] = json.loads(path.read_text())
+    table = seeds.seeds_table(summaries)
+    out = Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "seeds.json").write_text(json.dumps(table, indent=1, sort_keys=True, allow_nan=True) + "\n")
+    (out / "seeds.md").write_text(seeds.markdown(table))
+    print(seeds.markdown(table))
+
+
+if __name__ == "__main__":
+    main()
