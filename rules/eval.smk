@@ -1,6 +1,7 @@
 # Stage 7: evaluation on eval.split: one job per mode of eval.modes (clemprm.modes.MODES: the policy it plays, its
 # search, what ranks the candidates, the eval keys it plays by and the files it reads), the summary with bootstrap CIs
 # (results/prm_eval.json), and the figures of `snakemake --report`. A mode's params hold only the config it plays by.
+# Each mode also writes its episodes as a clembench results tree, results/clembench/<mode>/<policy>-<mode>/.
 
 from clemprm.modes import MODES, upstream_outputs
 
@@ -15,7 +16,10 @@ rule eval_mode:
     input:
         unpack(eval_mode_inputs),
     output:
-        "results/eval/{mode}.parquet",
+        episodes="results/eval/{mode}.parquet",
+        # the episodes as a clembench results tree (run folder <policy>-<mode>), which clem score / transcribe / eval
+        # read (clemprm.play.clembench_tree; docs/records.md)
+        clembench=directory("results/clembench/{mode}"),
     wildcard_constraints:
         mode="|".join(MODES),
     params:

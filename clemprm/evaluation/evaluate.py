@@ -39,6 +39,7 @@ from clemprm.models.loader import policy_settings
 from clemprm.models.logprob import LogprobScorer
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
 from clemprm.play.catalog import GameCatalog
+from clemprm.play.clembench_tree import run_dir_name, write_results_tree
 from clemprm.play.engine import Episode, RolloutEngine, Sampling
 from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
@@ -135,8 +136,11 @@ def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) ->
 
 
 def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None = None, *, policy=None, prm=None,
-                  on_failure: str = "stop", **inputs: str | None) -> list[dict]:
-    """Play the ``eval.split`` instances of every configured game in mode ``name``; write the per-episode parquet.
+                  on_failure: str = "stop", clembench_dir: str | None = None, **inputs: str | None) -> list[dict]:
+    """Play the ``eval.split`` instances of every configured game in mode ``name``; write the per-episode parquet
+    and, given ``clembench_dir`` (``results/clembench/<mode>``), the episodes as a clembench results tree there
+    (:mod:`clemprm.play.clembench_tree`: one run folder ``<policy>-<mode>``, which clemcore's ``clem score``,
+    ``clem transcribe`` and ``clem eval`` read; a search writes the episode it finally played).
 
     ``settings``: the rule's params (:func:`clemprm.config.eval_mode_params`). ``inputs``: the files the mode reads,
     named as in its row of :data:`clemprm.modes.MODES` (``sft_adapter``, ``prm_adapter``, ``rl_adapter``,
@@ -152,7 +156,8 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
         from clemprm.rl.self_correction import evaluate_self_correct
 
         return evaluate_self_correct(settings, output, cache_dir, sft_adapter=inputs.get("sft_adapter"),
-                                     score_adapter=inputs.get("score_adapter"), on_failure=on_failure)
+                                     score_adapter=inputs.get("score_adapter"), on_failure=on_failure,
+                                     clembench_dir=clembench_dir)
     eval_settings = settings["eval"]
     catalog = GameCatalog(settings["games"])
     split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
@@ -173,12 +178,18 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     seconds = time.perf_counter() - start
     rows = [{**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
              "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
-    log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds, summarize(rows) if rows else "(no episode)")
+    log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds,
+             summarize(rows) if rows else "(no episode)")
     marks = split_marks + check_episodes(f"eval {name}", rows, on_failure)
     run = run_info(name, seconds, policy, None if mode.scorer == "random" else scorer, scorer_adapter)
     records.write_records(output, rows, records.EVAL_EPISODES,
                           {**provenance(settings), "run": run, **marks_metadata(marks)})
     log.info("eval %s -> %s", name, output)
+    if clembench_dir is not None:
+        tree = write_results_tree(clembench_dir, run_dir_name(policy.name, name), episodes, model=policy,
+                                  sampling=engine.sampling, info={"mode": name, "split": eval_settings["split"],
+                                                                  "wall_seconds": run["wall_seconds"]})
+        log.info("eval %s -> %s (clembench results tree)", name, tree)
     return rows
 
 
@@ -261,11 +272,12 @@ GLOBAL_KEYS = ("n", "bce", "mse", "pearson", "spearman", "auroc")
 
 def prm_summary(prm_metrics: dict) -> dict | None:
     """The PRM stage's held-out metrics (``results/prm/metrics.json``, on its ranked side: the validation-split
-    branch points, else the validation slice of train instances) as the summary
-    shows them: ``global`` (BCE, MSE, correlations and AUROC against the labels, across states) and ``ranking``
-    (within-prefix pairwise accuracy, top-1 regret and the label of the pick among siblings, with bootstrap CIs,
-    :func:`clemprm.stages.prm_metrics.ranking_metrics`), for the PRM and every baseline; ``constant_mean`` and ``game_mean`` tie all
-    siblings of a state: their pick is a random pick's expectation. None when the PRM was not trained."""
+    branch points, else the validation slice of train instances) as the summary shows them: ``global`` (BCE, MSE,
+    correlations and AUROC against the labels, across states), ``ranking`` (within-state pairwise accuracy, top-1
+    regret and the label of the pick among siblings, with bootstrap CIs,
+    :func:`clemprm.stages.prm_metrics.ranking_metrics`) for the PRM and every baseline (``constant_mean`` and
+    ``game_mean`` tie all siblings of a state: their pick is a random pick's expectation), and the quality ``gate``.
+    None when the PRM was not trained."""
     ranking = prm_metrics.get("ranking")
     if not ranking:
         return None

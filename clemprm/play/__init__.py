@@ -7,6 +7,8 @@
 * :mod:`clemprm.play.clemcore_setup`: clemcore glue, including the narrow adapters for games written against older
   clemcore APIs.
 * :mod:`clemprm.play.chat`: messages as a clemcore backend sends them and the one prompt renderer.
+* :mod:`clemprm.play.clembench_tree`: played episodes as a clembench results tree (clemcore's layout), which
+  ``clem score``, ``clem transcribe`` and ``clem eval`` read.
 
 The project's own games live next door in :mod:`clemprm.games`.
 """

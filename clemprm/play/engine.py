@@ -14,8 +14,8 @@ Each game is a clemcore ``GameMasterEnv`` driven directly (the fast path: no cle
   replaying an episode's answers rebuilds the same game, whatever else is played beside it.
 
 A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
-max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.generation.PolicyModel`, or a scripted policy in tests); :class:`Generation` is
-the engine's contract with a model: what one answer holds.
+max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.generation.PolicyModel`, or a scripted policy
+in tests); :class:`Generation` is the engine's contract with a model: what one answer holds.
 """
 
 from __future__ import annotations
@@ -196,11 +196,17 @@ class Episode:
             else:
                 return
 
+    def game_scores(self, interactions: dict | None = None) -> dict:
+        """The game's own scorer on the recorded interactions (``self.recorder.interactions``, or ``interactions``:
+        a copy of them with meta data filled in): its whole output, what clemcore stores as ``scores.json``
+        ("episode scores", "round scores", ...; a scorer may copy the interactions' meta data)."""
+        scorer = self.benchmark.create_game_scorer(self.instance.experiment, self.instance.instance)
+        scorer.compute_scores(self.recorder.interactions if interactions is None else interactions)
+        return scorer.scores
+
     def scores(self) -> dict:
         """The game's own scorer on the recorded interactions ("episode scores")."""
-        scorer = self.benchmark.create_game_scorer(self.instance.experiment, self.instance.instance)
-        scorer.compute_scores(self.recorder.interactions)
-        return scorer.scores["episode scores"]
+        return self.game_scores()["episode scores"]
 
     def record(self, policy: str, sampling: Sampling) -> dict:
         """The episode as a row of :data:`clemprm.records.EPISODES`."""

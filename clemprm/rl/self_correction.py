@@ -25,6 +25,7 @@ import pandas as pd
 
 from clemprm import records, stats
 from clemprm.play.catalog import GameCatalog
+from clemprm.play.clembench_tree import run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -40,8 +41,10 @@ METRICS = ("accuracy_t1", "accuracy_t2", "delta_t1_t2", "delta_i_to_c", "delta_c
            "percent_played_t2", "quality_t1", "quality_t2")
 
 
-def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, settings: dict) -> list[dict]:
-    """Attempt 1, then attempt 2, of every instance with ``policy``, greedy; the rows of both."""
+def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, settings: dict,
+                      played: dict | None = None) -> list[dict]:
+    """Attempt 1, then attempt 2, of every instance with ``policy``, greedy; the rows of both. ``played``, when
+    given, gets the episodes of each attempt (``{1: [...], 2: [...]}``)."""
     eval_settings, seed = settings["eval"], settings["seed"]
     first = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"], base_seed=seed,
                              stage="eval")
@@ -52,6 +55,8 @@ def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, se
                                    settings["score"]["instruction"])
               for episode, row in zip(first, first_rows)]
     engine.run(second, label=f"{MODE} {role} attempt 2")
+    if played is not None:
+        played.update({1: first, 2: second})
     rows = []
     for attempt, episodes, attempt_rows in ((1, first, first_rows),
                                             (2, second, [e.record(policy.name, engine.sampling) for e in second])):
@@ -64,10 +69,12 @@ def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, se
 
 def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = None, *, sft_adapter: str | None,
                           score_adapter: str | None, policies: dict | None = None,
-                          on_failure: str = "stop") -> list[dict]:
+                          on_failure: str = "stop", clembench_dir: str | None = None) -> list[dict]:
     """Play mode ``self_correct`` (module docstring) and write its parquet. ``settings``: the mode's eval params +
     ``score`` (its games and instruction). ``policies`` ({"sft": ..., "score": ...}) replaces the loaded policies
-    (tests)."""
+    (tests). ``clembench_dir``: where the episodes go as a clembench results tree
+    (:mod:`clemprm.play.clembench_tree`), one run folder per policy and attempt,
+    ``<policy>-self_correct_<sft|score>_attempt<1|2>``."""
     from clemprm.models.generation import load_policy
     from clemprm.models.loader import policy_settings
 
@@ -90,14 +97,22 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
         log.info("eval %s: %s policy %s, %d %s instances x %d episodes x 2 attempts", MODE, role, policy.name,
                  len(instances), eval_settings["split"], eval_settings["episodes_per_instance"])
         role_start = time.perf_counter()
-        played = play_two_attempts(engine, policy, instances, role=role, settings=settings)
+        episodes: dict = {}
+        played = play_two_attempts(engine, policy, instances, role=role, settings=settings, played=episodes)
         rows += played
+        if clembench_dir is not None:
+            for attempt, attempt_episodes in episodes.items():
+                mode = f"{MODE}_{role}_attempt{attempt}"
+                write_results_tree(clembench_dir, run_dir_name(policy.name, mode), attempt_episodes, model=policy,
+                                   sampling=engine.sampling, info={"mode": MODE, "policy_role": role,
+                                                                   "attempt": attempt,
+                                                                   "split": eval_settings["split"]})
         stats = getattr(policy, "stats", None)
         run_policies[role] = {"name": policy.name, "adapter": adapters[role],
                               "wall_seconds": round(time.perf_counter() - role_start, 3),
                               "stats": stats.as_dict() if hasattr(stats, "as_dict") else None}
         marks += check_episodes(f"eval {MODE} ({role})", played, on_failure)
-        del policy
+        del policy, episodes   # the episodes' players hold the policy too
     seconds = time.perf_counter() - start
     summary = self_correction_summary(rows, samples=1, seed=settings["seed"], ci=0.95)
     for role, entry in summary["policies"].items():
