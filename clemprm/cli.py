@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from clemprm import records
@@ -16,6 +18,23 @@ def inspect_command(args: argparse.Namespace) -> int:
     except records.RecordFileError as error:
         print(f"clemprm inspect: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def check_config_command(args: argparse.Namespace) -> int:
+    """What ``snakemake --configfile FILE...`` would check at parse time, with errors that name the file: Snakemake
+    reads its ``--configfile``s before the Snakefile runs, and says only ``Config file is not valid JSON or YAML``."""
+    from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
+    from clemprm.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.files)
+        if not args.schema_only:
+            check_config_inputs(config)
+    except (ConfigError, ConfigInputError) as error:
+        print(f"clemprm check-config: {error}", file=sys.stderr)
+        return 2
+    print(f"clemprm check-config: {', '.join(args.files) or 'the default config'}: ok")
     return 0
 
 
@@ -35,9 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--width", type=positive_int, default=100, metavar="W", help="line width (default 100)")
     inspect.add_argument("--bins", type=positive_int, default=10, metavar="B", help="label histogram bins (default 10)")
     inspect.set_defaults(run=inspect_command)
+    check = commands.add_parser("check-config", help="check config files as the Snakefile does at parse time, "
+                                                     "naming the file or key that is wrong")
+    check.add_argument("files", nargs="*", metavar="FILE", help="config files, merged in order over config.yaml "
+                                                                "(as snakemake --configfile FILE...)")
+    check.add_argument("--schema-only", action="store_true",
+                       help="only the schema: not the models, games and folders the config names")
+    check.set_defaults(run=check_config_command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        status = args.run(args)
+        sys.stdout.flush()   # a reader that went away shows here, not as a traceback at the interpreter's exit
+    except BrokenPipeError:
+        # the reader stopped reading (`clemprm inspect ... | head`): stop quietly, with the status of a Unix tool
+        # ended by SIGPIPE; stdout goes to /dev/null so that Python's own flush at exit does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return status

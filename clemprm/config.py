@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,12 @@ def renamed_key_problem(config: dict) -> str | None:
 
 
 def cross_key_problem(config: dict) -> str | None:
-    """An eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train; None if none."""
+    """No game to play, or an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train;
+    None if none."""
+    games = config["games"]
+    if not games["builtin"] and not games.get("clembench_games"):
+        return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
+                "names none (name at least one game)")
     algorithms = config["rl"]["algorithms"]
     for mode in config["eval"]["modes"]:
         needed = MODES[mode].algorithm
@@ -66,15 +72,30 @@ def cross_key_problem(config: dict) -> str | None:
     return None
 
 
+def _strict_integer(checker, instance) -> bool:
+    """JSON Schema's "integer" without whole-number floats: ``4.0`` is a float here, as Python's ``range`` sees it."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+ConfigValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer))
+"""The config's validator: Draft 2020-12, except that an integer key rejects ``4.0`` (JSON Schema counts it as an
+integer; the stages then fail with a bare ``TypeError`` in ``range``)."""
+
+
 def validate_config(config: dict) -> dict:
     """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged."""
     renamed = renamed_key_problem(config)
     if renamed:
         raise ConfigError(renamed)
-    validator = jsonschema.Draft202012Validator(_schema())
+    validator = ConfigValidator(_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         first = errors[0]
+        deeper = [error for error in first.context or () if len(error.absolute_path) > len(first.absolute_path)]
+        if first.validator in ("oneOf", "anyOf") and deeper:   # e.g. rl.lora (null or a LoRA): name the key inside
+            first = jsonschema.exceptions.best_match(deeper)
         key = ".".join(str(part) for part in first.absolute_path) or "<top level>"
         if first.validator == "additionalProperties":
             extra = sorted(set(first.instance) - set(first.schema.get("properties", {})))
@@ -88,6 +109,38 @@ def validate_config(config: dict) -> dict:
     return config
 
 
+OFFLINE_SPECS = ("embedded:", "tiny:")
+"""Model specs that need no hub: where ``model.spec`` is one, the jobs run offline (:func:`job_environment`)."""
+HUB_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def job_environment(config: dict, environ=None) -> dict[str, str]:
+    """The environment variables every job sets before torch and transformers are imported
+    (:func:`clemprm.workflow.setup_job`): ``HF_HOME`` from ``hf_home``; where ``model.spec`` is an embedded or tiny
+    model, the hub's offline switches, unless ``environ`` (default: this process's) already sets them."""
+    environ = os.environ if environ is None else environ
+    variables = {"HF_HOME": config["hf_home"]} if config.get("hf_home") else {}
+    if config["model"]["spec"].strip().startswith(OFFLINE_SPECS):
+        variables.update({name: "1" for name in HUB_OFFLINE_VARIABLES if name not in environ})
+    return variables
+
+
+def hub_offline_reason(config: dict, environ=None) -> str | None:
+    """Why the jobs of ``config`` cannot download from the Hugging Face hub (a hub id then loads only from the hub
+    cache), or None when they can. Read as huggingface_hub reads it: ``HF_HUB_OFFLINE``, else
+    ``TRANSFORMERS_OFFLINE``, is 1/ON/YES/TRUE."""
+    environ = os.environ if environ is None else environ
+    added = job_environment(config, environ)
+    jobs = {**environ, **added}
+    name = next((name for name in HUB_OFFLINE_VARIABLES if jobs.get(name)), None)
+    if name is None or jobs[name].strip().upper() not in {"1", "ON", "YES", "TRUE"}:
+        return None
+    if name in added:
+        return (f"model.spec {config['model']['spec']} is an embedded or tiny model, so the jobs set {name}=1; "
+                f"export {name}=0 to let them download")
+    return f"{name}={environ[name]} in the environment"
+
+
 def deep_merge(base: dict, override: dict) -> dict:
     """Return ``base`` updated recursively with ``override`` (dicts merge, everything else replaces)."""
     merged = dict(base)
@@ -99,11 +152,35 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
-def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
-    """Load the default config, merge a user config file and overrides on top, validate."""
-    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
-    if path is not None and Path(path).resolve() != DEFAULT_CONFIG_PATH:
-        config = deep_merge(config, yaml.safe_load(Path(path).read_text()) or {})
+def read_config_file(path: str | Path) -> dict:
+    """One config file as a dict; :class:`ConfigError` naming the file (and where YAML stopped) when it is missing,
+    not valid YAML, or not a mapping at its top level."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"config file {path}: cannot read it ({error.strerror or error})") from error
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"config file {path}: not valid YAML{at}: {problem}") from error
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: its top level is a {type(loaded).__name__}, not a mapping of keys")
+    return loaded
+
+
+def load_config(path: str | Path | list | tuple | None = None, overrides: dict | None = None) -> dict:
+    """Load the default config, merge user config files (one path or several, in order, as Snakemake merges its
+    ``--configfile``s) and overrides on top, validate."""
+    config = read_config_file(DEFAULT_CONFIG_PATH)
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    for one in paths:
+        if Path(one).resolve() != DEFAULT_CONFIG_PATH:
+            config = deep_merge(config, read_config_file(one))
     if overrides:
         config = deep_merge(config, overrides)
     return validate_config(config)

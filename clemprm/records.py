@@ -163,8 +163,34 @@ def read_table(path: str | Path, schema: pa.Schema | None = None) -> pa.Table:
     return table
 
 
-def read_records(path: str | Path, schema: pa.Schema | None = None) -> list[dict]:
-    return read_table(path, schema).to_pylist()
+def read_records(path: str | Path, schema: pa.Schema | None = None, *,
+                 splits: tuple[str, ...] | None = None) -> list[dict]:
+    """The rows of a record file (:func:`read_table`); ``splits``: the only splits the reading stage takes
+    (:func:`check_splits`)."""
+    rows = read_table(path, schema).to_pylist()
+    if splits is not None:
+        check_splits(path, rows, splits)
+    return rows
+
+
+TRAIN_SPLITS = ("train",)
+"""What a stage that learns from the policy's play reads (base rollouts -> win filter)."""
+LABEL_SPLITS = ("train", "validation")
+"""What the label stages read: branch points of train instances and of the PRM's held-out validation instances."""
+
+
+def check_splits(path: str | Path, rows: list[dict], splits: tuple[str, ...]) -> None:
+    """Raise :class:`RecordFileError` naming the file and the split when a row is not of ``splits``: a file of
+    another split given in place of the stage's input (an eval episodes file as base rollouts, say)."""
+    wrong: dict[str, int] = {}
+    for row in rows:
+        if row.get("split") not in splits:
+            wrong[str(row.get("split"))] = wrong.get(str(row.get("split")), 0) + 1
+    if wrong:
+        found = ", ".join(f"{count} {split}" for split, count in sorted(wrong.items()))
+        raise RecordFileError(f"record file {path} holds {found} rows (of {len(rows)}), where this stage reads only "
+                              f"{' and '.join(splits)} rows: a file of another split (eval episodes, say) given "
+                              f"in place of its input?")
 
 
 def read_provenance(path: str | Path) -> dict:

@@ -207,6 +207,44 @@ def trainer_arguments(section: dict, *, seed: int, output_dir: str, device: str,
         dataloader_pin_memory=device == "cuda", **per_epoch)
 
 
+def trainable_snapshot(model) -> dict:
+    """A copy of the trainable parameters (the adapter's), to tell afterwards whether training changed them."""
+    return {name: param.detach().clone() for name, param in model.named_parameters() if param.requires_grad}
+
+
+def changed_parameters(model, snapshot: dict) -> int:
+    """How many of the :func:`trainable_snapshot` parameters ``model`` holds with other values now."""
+    import torch
+
+    current = dict(model.named_parameters())
+    return sum(1 for name, before in snapshot.items()
+               if name in current and not torch.equal(current[name].detach().to(before.device), before))
+
+
+def applied_learning_rates(scheduler, steps: int) -> list[float] | None:
+    """The learning rate of each of the first ``steps`` optimizer steps under ``scheduler`` (the Trainer's: a
+    ``LambdaLR``, as every transformers schedule is), or None for another kind of scheduler."""
+    lambdas, base = getattr(scheduler, "lr_lambdas", None), getattr(scheduler, "base_lrs", None)
+    if not lambdas or not base:
+        return None
+    return [base[0] * lambdas[0](step) for step in range(steps)]
+
+
+def untrained_reason(section: dict, steps: int, rates: list[float] | None, changed: int,
+                     key: str = "sft") -> str | None:
+    """Why a training run left its adapter as it was (None when it did not): a schedule that never left learning
+    rate 0 (a warmup over every step), or weights that did not change; ``section``: the stage's config section,
+    ``key`` its name."""
+    if steps and rates is not None and not any(rates):
+        return (f"the learning rate was 0 at every one of its {steps} optimizer step(s): {key}.warmup_ratio "
+                f"{section['warmup_ratio']} warms up over all of them (lower it, or give the run more steps: more "
+                f"examples or epochs, a smaller {key}.batch_size or {key}.grad_accum)")
+    if not changed:
+        described = f" (learning rates {min(rates):.3g} to {max(rates):.3g})" if rates else ""
+        return f"its weights did not change in {steps} optimizer step(s){described}"
+    return None
+
+
 def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: str | Path) -> None:
     """Add wall seconds, peak memory, config and versions to a stage's metrics and write them."""
     metrics["seconds"] = round(time.perf_counter() - start, 2)

@@ -6,21 +6,17 @@ import logging
 import os
 import sys
 
-OFFLINE_SPECS = ("embedded:", "tiny:")
+from clemprm.config import job_environment
 
 
 def setup_job(snakemake) -> None:
     """Send all logging (and stray stderr) to the rule's log file; set HF_HOME and offline mode from config.
 
     Called first in every rule script, before torch/transformers are imported: the hub's offline switch is
-    read at import time.
+    read at import time. The parse-time checks read the same settings (:func:`clemprm.config.hub_offline_reason`).
     """
     config = snakemake.config
-    if config.get("hf_home"):
-        os.environ["HF_HOME"] = config["hf_home"]
-    if config["model"]["spec"].startswith(OFFLINE_SPECS):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.update(job_environment(config))   # HF_HOME; offline for embedded/tiny models (clemprm.config)
     log_file = open(snakemake.log[0], "a", buffering=1)
     sys.stderr = log_file
     logging.basicConfig(level=logging.INFO, stream=log_file, force=True,

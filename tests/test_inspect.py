@@ -234,3 +234,20 @@ def test_a_stage_that_went_on_despite_a_failure_says_so(soft_labels_file, tmp_pa
     assert ("WARNING, the stage went on (on_failure: continue): gather_soft_labels: no soft labels (3 branch points)"
             in report)
     assert not any(line.startswith("WARNING") for line in inspect_file(soft_labels_file[0]).splitlines())
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(soft_labels_file):
+    """``clemprm inspect FILE | head``: the reader goes away before the report is written; no BrokenPipeError
+    traceback, the status of a Unix tool ended by SIGPIPE."""
+    import os
+    import signal
+
+    read, write = os.pipe()
+    os.close(read)   # the reader is gone before the command writes a line
+    try:
+        done = subprocess.run([sys.executable, "-m", "clemprm", "inspect", str(soft_labels_file[0])], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert done.stderr == ""
+    assert done.returncode == 128 + signal.SIGPIPE

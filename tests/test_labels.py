@@ -294,3 +294,17 @@ def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_pol
     gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet",
                                          on_failure="continue")
     assert [row["bp_id"] for row in one] == [bp["bp_id"] for bp in bps] and same_rows(gathered, one)
+
+
+def test_label_stages_refuse_branch_points_of_the_test_split(oddoneout, scripted_policy, tmp_path):
+    """Branch points are of train and held-out validation instances; a file with test rows is another stage's."""
+    settings, bp_path, rows, oracle = oddoneout
+    wrong = tmp_path / "test_bp.parquet"
+    records.write_records(wrong, [{**row, "split": "test"} for row in rows[:2]] + rows[2:], records.BRANCH_POINTS, {})
+    expected = re.escape(f"record file {wrong} holds 2 test rows (of {len(rows)}), where this stage reads only train "
+                         f"and validation rows")
+    with pytest.raises(records.RecordFileError, match=expected):
+        labels.soft_labels_shard(settings, wrong, None, 0, 1, tmp_path / "labels.parquet",
+                                 policy=scripted_policy(oracle))
+    with pytest.raises(records.RecordFileError, match=expected):
+        labels.gather_soft_labels(settings, wrong, [], tmp_path / "gathered.parquet")

@@ -555,3 +555,20 @@ def test_embedded_smollm2_converts_once_and_answers(smollm2, caplog):
     assert all(g.error is None and g.text for g in generations)
     assert "paris" in generations[0].text.lower()
     assert our_ids(policy, perspectives, SamplingParams(0.0, max_new_tokens=12)) == hf_greedy(policy, perspectives, 12)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0005], ids=["cut-in-the-data", "cut-in-the-header"])
+def test_a_truncated_adapter_file_is_named(tiny_cfg, tmp_path, keep):
+    import re
+
+    from peft import LoraConfig, get_peft_model
+
+    from clemprm.models.loader import WeightsFileError
+
+    _, model = load_tokenizer_and_model(tiny_cfg)
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(str(tmp_path / "adapter"))
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:max(1, int(len(data) * keep))])
+    with pytest.raises(WeightsFileError, match=re.escape(f"adapter {tmp_path / 'adapter'}: cannot read {weights}: ")):
+        load_tokenizer_and_model(dataclasses.replace(tiny_cfg, adapter=str(tmp_path / "adapter")))

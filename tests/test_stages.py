@@ -45,3 +45,21 @@ def test_win_filter_threshold_on_bench_score(scripted_policy, tmp_path):
     kept = rollouts.win_filter({"win_filter": {"require_success": True, "min_bench_score": threshold}},
                                str(episodes_path), str(tmp_path / "sft.parquet"))
     assert len(kept) == sum(row["bench_score"] >= threshold for row in rows) < len(rows)
+
+
+def test_win_filter_refuses_eval_episodes_naming_the_file_and_the_split(scripted_policy, tmp_path):
+    """An eval episodes file (the test split) given as base rollouts: the win filter learns only from train play."""
+    import pytest
+
+    config = tiny_config(games={"builtin": ["guessnumber"]})
+    settings = {name: config[name] for name in ("seed", "model", "games", "base_rollouts")}
+    rows = rollouts.base_rollouts(settings, str(tmp_path / "base.parquet"),
+                                  policy=scripted_policy(binary_search_answer))
+    eval_path = tmp_path / "greedy_base.parquet"
+    records.write_records(eval_path, [{**row, "split": "test", "mode": "greedy_base", "policy_tokens": 0,
+                                       "prm_pairs": 0, "search_nodes": 0} for row in rows],
+                          records.EVAL_EPISODES, {})
+    with pytest.raises(records.RecordFileError, match=f"record file {eval_path} holds {len(rows)} test rows "
+                                                      rf"\(of {len(rows)}\), where this stage reads only train rows"):
+        rollouts.win_filter({"win_filter": config["win_filter"]}, str(eval_path), str(tmp_path / "sft.parquet"))
+    assert not (tmp_path / "sft.parquet").exists()

@@ -3,8 +3,13 @@
 :func:`check_config_inputs` checks what the config names outside this repository without loading any model or
 game code:
 
-* ``model.spec`` (and ``prm.base_model``) resolve: a known ``embedded:``/``tiny:`` spec, an existing local folder,
-  or a hub id; no weights are loaded;
+* ``model.spec`` (and ``prm.base_model``) resolve: a known ``embedded:``/``tiny:`` spec, a local model folder
+  holding a config and a tokenizer, or a hub id: a spec that looks like a path (absolute, ``./``, ``~``, more than
+  one ``/``, or under an existing local folder) must be such a folder; a hub id where the jobs cannot reach the hub
+  (:func:`clemprm.config.hub_offline_reason`) must be in the hub cache; no weights are loaded;
+* ``model.adapter`` is a PEFT adapter folder (``adapter_config.json`` and its weights);
+* ``cache_dir`` (else ``$CLEMPRM_CACHE``) does not lie under ``results/``;
+* ``games.experiments`` names configured games and experiments their instances files hold;
 * ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
   (:func:`clemprm.play.catalog.clembench_specs`) with its instances file;
 * each game's Python imports resolve: the modules its ``master.py`` imports at module level, followed through the
@@ -32,25 +37,158 @@ class ConfigInputError(ValueError):
 
 def check_config_inputs(config: dict) -> None:
     """Raise :class:`ConfigInputError` listing every problem found (see the module doc)."""
-    problems = model_problems(config["model"]["spec"], "model.spec")
+    from clemprm.config import hub_offline_reason
+
+    offline = hub_offline_reason(config)
+    hf_home = config.get("hf_home")
+    problems = model_problems(config["model"]["spec"], "model.spec", offline, hf_home)
+    problems += adapter_problems(config["model"].get("adapter"), "model.adapter")
     if config.get("prm", {}).get("base_model"):
-        problems += model_problems(config["prm"]["base_model"], "prm.base_model")
+        problems += model_problems(config["prm"]["base_model"], "prm.base_model", offline, hf_home)
+    problems += cache_dir_problems(config.get("cache_dir"))
     problems += clembench_problems(config["games"])
+    problems += experiment_problems(config["games"])
     if problems:
         raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
 
 
-def model_problems(spec: str, key: str) -> list[str]:
-    """Why ``spec`` cannot name a model here ([] when it can): a malformed or unknown spec, a missing folder."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+"""A model folder holds a tokenizer when it holds one of these (``AutoTokenizer.from_pretrained`` reads them)."""
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def looks_like_path(spec: str) -> bool:
+    """Whether a model spec can only be a local folder, not a hub id (``org/name`` or ``name``): absolute,
+    starting with ``.`` or ``~``, more than one ``/``, a backslash, or its first part an existing local folder
+    (``models/x`` where ``models/`` is here)."""
+    return (os.path.isabs(spec) or spec.startswith((".", "~")) or "\\" in spec or spec.count("/") > 1
+            or spec.endswith("/") or ("/" in spec and os.path.isdir(spec.split("/")[0])))
+
+
+def model_folder_problems(folder: str, key: str) -> list[str]:
+    """Why ``folder`` (as the config names it) is not a model folder ``from_pretrained`` can load: no
+    ``config.json``, no tokenizer."""
+    path, problems = os.path.expanduser(folder), []
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        problems.append(f"{key}: model folder {folder} holds no config.json (a transformers model folder holds "
+                        f"config.json, the weights and the tokenizer)")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        problems.append(f"{key}: model folder {folder} holds no tokenizer ({', '.join(TOKENIZER_FILES)})")
+    return problems
+
+
+def hub_cache(hf_home: str | None) -> str:
+    """The hub cache the jobs read: ``$HF_HUB_CACHE`` where set, else ``hf_home``'s (the jobs set ``HF_HOME``),
+    else this environment's."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE") or not hf_home:
+        return constants.HF_HUB_CACHE
+    return os.path.join(os.path.expanduser(hf_home), "hub")
+
+
+def hub_cache_holds(repo_id: str, hf_home: str | None) -> bool:
+    """Whether the hub cache the jobs read holds ``repo_id``'s config."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(hf_home)), str)
+
+
+def model_problems(spec: str, key: str, offline: str | None = None, hf_home: str | None = None) -> list[str]:
+    """Why ``spec`` cannot name a model here ([] when it can): a malformed or unknown spec, a missing folder, a
+    folder without a config or a tokenizer, an invalid hub id, or a hub id the jobs cannot download (``offline``:
+    why, :func:`clemprm.config.hub_offline_reason`) that is not in the hub cache."""
     from clemprm.models.loader import parse_spec
 
     try:
         kind, value = parse_spec(spec)
     except ValueError as error:
         return [f"{key}: {error}"]
-    if kind == "path" and (os.path.isabs(value) or value.startswith(".")) and not os.path.isdir(value):
-        return [f"{key}: model folder {value} does not exist"]
+    if kind != "path":
+        return []
+    folder = os.path.expanduser(value)
+    if os.path.isdir(folder):
+        return model_folder_problems(value, key)
+    if looks_like_path(value):
+        return [f"{key}: model folder {value} does not exist (relative to {os.getcwd()})"]
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError as error:
+        return [f"{key}: {value} is neither a local folder (relative to {os.getcwd()}) nor a hub id ({error})"]
+    if offline and not hub_cache_holds(value, hf_home):
+        return [f"{key}: {value} is not a local folder (relative to {os.getcwd()}), and as a hub id it cannot be "
+                f"downloaded: hub access is off ({offline}) and the hub cache {hub_cache(hf_home)} does not hold it"]
     return []
+
+
+def adapter_problems(adapter: str | None, key: str) -> list[str]:
+    """Why ``adapter`` is not a PEFT adapter folder ([] when it is, or is None)."""
+    if adapter is None:
+        return []
+    folder = os.path.expanduser(adapter)
+    if not os.path.isdir(folder):
+        return [f"{key}: adapter folder {adapter} does not exist (relative to {os.getcwd()})"]
+    problems = []
+    if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        problems.append(f"{key}: adapter folder {adapter} holds no adapter_config.json (a PEFT adapter folder)")
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in ADAPTER_WEIGHTS):
+        problems.append(f"{key}: adapter folder {adapter} holds no weights ({', '.join(ADAPTER_WEIGHTS)})")
+    return problems
+
+
+def cache_dir_problems(cache_dir: str | None) -> list[str]:
+    """Why the model cache (``cache_dir``, else ``$CLEMPRM_CACHE``) cannot be used: it lies under ``results/``."""
+    from clemprm.models.loader import ModelConfig, cache_root
+
+    try:
+        cache_root(ModelConfig(cache_dir=cache_dir))
+    except ValueError as error:
+        return [f"{'cache_dir' if cache_dir else '$CLEMPRM_CACHE (cache_dir is null)'}: {error}"]
+    return []
+
+
+def experiment_problems(games: dict) -> list[str]:
+    """Why ``games.experiments`` cannot select what it names: a game that is not configured, or an experiment its
+    instances files do not hold. A clembench game that cannot be found is :func:`clembench_problems`' to report."""
+    from clemprm.games import SPLITS, builtin_game_dir
+    from clemprm.play.catalog import clembench_specs, experiment_names, instances_file
+
+    selected = games.get("experiments") or {}
+    clembench = games.get("clembench_games") or []
+    specs = {}
+    if any(game in clembench for game in selected) and games.get("clembench_path"):
+        try:
+            specs = clembench_specs(games["clembench_path"])
+        except ValueError:
+            specs = {}
+    problems = []
+    for game, names in sorted(selected.items()):
+        try:
+            if game in games["builtin"]:
+                files = [builtin_game_dir(game) / "in" / f"instances_{split}.json" for split in SPLITS]
+            elif game in clembench:
+                if game not in specs:
+                    continue
+                game_dir, spec = specs[game]
+                files = [instances_file(game_dir, spec, (games.get("instances_files") or {}).get(game))]
+            else:
+                problems.append(f"games.experiments.{game}: {game!r} is not a configured game (games.builtin: "
+                                f"{', '.join(games['builtin']) or 'none'}; games.clembench_games: "
+                                f"{', '.join(clembench) or 'none'})")
+                continue
+            known = set().union(*(experiment_names(path) for path in files))
+        except ValueError as error:
+            if game in clembench:
+                continue   # clembench_problems names the instances file
+            problems.append(f"games.experiments.{game}: {error}")
+            continue
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            problems.append(f"games.experiments.{game}: no experiment {', '.join(map(repr, unknown))} in game "
+                            f"{game!r} (known: {', '.join(sorted(known)) or 'none'})")
+    return problems
 
 
 def clembench_problems(games: dict) -> list[str]:

@@ -6,6 +6,8 @@ A stage fails (:class:`StageFailure`, one message naming the game, the count and
   rollouts, branch points, every eval mode);
 * there are no wins to fine-tune on (``sft_adapter``), no branch points (``branch_points``), or no soft label
   with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same);
+* training left the SFT adapter as it was (``sft_adapter``: a schedule that never left learning rate 0, e.g. one
+  optimizer step with a warmup, or weights that did not change);
 * the trained PRM fails its quality gate (``prm_adapter``: its predictions collapsed, or it ranks siblings no better
   than a candidate-aware baseline, :func:`clemprm.stages.prm_metrics.quality_gate`).
 
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
 CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "no_branch_points",
-              "no_soft_labels", "no_label_variance", "prm_not_learned")
+              "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained")
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 

@@ -475,6 +475,41 @@ def _avoid_bnb_cpu_packing_bug(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
+class WeightsFileError(OSError):
+    """A model's or adapter's weights file that cannot be read (truncated, corrupt); the message names the file."""
+
+
+def unreadable_weights(folder: str | os.PathLike) -> list[str]:
+    """``"<file>: <why>"`` for each ``.safetensors`` file of ``folder`` whose header safetensors refuses (a file cut
+    short fails here: its header no longer covers the file)."""
+    from safetensors import safe_open
+
+    problems = []
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as error:   # SafetensorError, OSError: whatever it is, it names this file
+            problems.append(f"{path}: {error}")
+    return problems
+
+
+@contextlib.contextmanager
+def weights_named_on_error(folder: str, what: str):
+    """Turn a safetensors error while loading the weights of ``folder`` (a ``what``: model or adapter) into a
+    :class:`WeightsFileError` naming the file (safetensors' own message names none)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as error:
+        bad = unreadable_weights(folder) if os.path.isdir(folder) else []
+        raise WeightsFileError(f"{what} {folder}: cannot read "
+                               + ("; ".join(bad) if bad else f"its weights: {error}")
+                               + " (a truncated or corrupt file: write it again, e.g. rerun the stage that wrote it)"
+                               ) from error
+
+
 def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, task: str = "causal-lm"):
     """THE model loader: ``(tokenizer, model)`` for ``task`` "causal-lm" (policy) or "seq-cls" (PRM, one logit).
 
@@ -514,10 +549,11 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
         kwargs["device_map"] = {"": torch.cuda.current_device()}
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if task == "seq-cls":
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    with weights_named_on_error(path, "model"):
+        if task == "seq-cls":
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     ensure_distinct_pad(tokenizer, model)
     if quantization == "nf4" and device == "cpu":
         _avoid_bnb_cpu_packing_bug(model)
@@ -529,7 +565,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
         from peft import PeftModel
         if not os.path.isdir(cfg.adapter):
             raise FileNotFoundError(f"adapter folder {cfg.adapter!r} does not exist")
-        model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=for_training)
+        with weights_named_on_error(cfg.adapter, "adapter"):
+            model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=for_training)
     if for_training:
         model.train()
         model.config.use_cache = False

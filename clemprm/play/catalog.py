@@ -82,6 +82,9 @@ def clembench_specs(clembench_path: str | Path) -> dict[str, tuple[Path, dict]]:
             except json.JSONDecodeError as error:
                 raise ValueError(f"{spec_file}: not valid JSON ({error})") from error
             for spec in specs if isinstance(specs, list) else [specs]:
+                if not isinstance(spec, dict) or not isinstance(spec.get("game_name"), str) or not spec["game_name"]:
+                    raise ValueError(f"{spec_file}: a game spec without a game_name (clemcore's registry needs one "
+                                     f"per spec; got {json.dumps(spec)[:120]})")
                 found.setdefault(spec["game_name"], (folder, spec))
             return
         for child in sorted(folder.iterdir()):
@@ -111,6 +114,15 @@ def instances_file(game_dir: Path, spec: dict, chosen: str | None = None) -> Pat
         raise ValueError(f"game {spec['game_name']!r}: instances file {path} ({source}) does not exist "
                          f"(available in {game_dir / 'in'}: {', '.join(available) or 'none'})")
     return path
+
+
+def experiment_names(path: Path) -> set[str]:
+    """The names of the experiments an instances file holds; ValueError naming the file when it cannot be read."""
+    try:
+        return {experiment["name"] for experiment in json.loads(Path(path).read_text(encoding="utf-8"))["experiments"]}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"instances file {path}: cannot read its experiments ({type(error).__name__}: {error})") \
+            from error
 
 
 def _round_robin(rows_by_experiment: dict[str, list]) -> list:

@@ -472,7 +472,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
     """Label branch points ``shard, shard + shards, ...`` of ``bp_path``, resuming from the shard's checkpoint.
     ``threads`` (the job's threads) overrides ``model.threads``, so shards can share a machine."""
     label_settings = settings["labels"]
-    mine = shard_rows(records.read_records(bp_path, records.BRANCH_POINTS), shard, shards)
+    branch_points = records.read_records(bp_path, records.BRANCH_POINTS, splits=records.LABEL_SPLITS)
+    mine = shard_rows(branch_points, shard, shards)
     checkpoint = ShardCheckpoint(output, shard_fingerprint(settings, bp_path, shard, shards))
     done = {row["bp_id"]: row for row in checkpoint.load()}
     todo = [bp for bp in mine if bp["bp_id"] not in done]
@@ -508,11 +509,12 @@ def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], out
     it)."""
     by_id = {}
     for path in shard_paths:
-        for row in records.read_records(path, records.SOFT_LABELS):
+        for row in records.read_records(path, records.SOFT_LABELS, splits=records.LABEL_SPLITS):
             if row["bp_id"] in by_id:
                 raise ValueError(f"branch point {row['bp_id']} is in two shards (again in {path})")
             by_id[row["bp_id"]] = row
-    order = [bp["bp_id"] for bp in records.read_records(bp_path, records.BRANCH_POINTS)]
+    order = [bp["bp_id"] for bp in records.read_records(bp_path, records.BRANCH_POINTS,
+                                                         splits=records.LABEL_SPLITS)]
     rows = [by_id[bp_id] for bp_id in order if bp_id in by_id]
     log.info("soft labels: %d of %d branch points labelled (%d without any scored continuation)\n%s", len(rows),
              len(order), len(order) - len(rows), summarize_labels(rows))

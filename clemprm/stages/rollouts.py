@@ -79,7 +79,7 @@ def interactions_of(row: dict) -> list[dict]:
 def win_filter(settings: dict, episodes_path: str, output: str) -> list[dict]:
     """Keep winning episodes (clembench ``Success``, BENCH_SCORE >= threshold) as SFT data."""
     rules = settings["win_filter"]
-    episodes = records.read_records(episodes_path, records.EPISODES)
+    episodes = records.read_records(episodes_path, records.EPISODES, splits=records.TRAIN_SPLITS)
     kept = [row for row in episodes
             if (row["success"] or not rules["require_success"]) and not row["aborted"]
             and row["bench_score"] >= rules["min_bench_score"]]

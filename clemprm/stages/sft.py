@@ -46,11 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm import records
-from clemprm.checks.run_time import check_not_empty, marks_metadata
+from clemprm.checks.run_time import check_not_empty, fail_or_warn, marks_metadata
 from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render_prompt
-from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite,
-                              keep_4bit_differentiable, lora_config, progress_callback, sample_at_most, scratch_beside,
-                              split_instances, trainer_arguments, write_adapter)
+from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
+                              finish_metrics, finite, keep_4bit_differentiable, lora_config, progress_callback,
+                              sample_at_most, scratch_beside, split_instances, trainable_snapshot, trainer_arguments,
+                              untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
 
@@ -292,16 +293,25 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             if initial:
                 log.info("sft before training: eval loss %.4f, token accuracy %.3f", initial["eval_loss"],
                          initial.get("eval_mean_token_accuracy", math.nan))
+            before = trainable_snapshot(trainer.model)
             train_start = time.perf_counter()
             result = trainer.train()
             train_seconds = time.perf_counter() - train_start
             state = trainer.state
+            rates = applied_learning_rates(trainer.lr_scheduler, state.global_step)
+            untrained = untrained_reason(sft, state.global_step, rates, changed_parameters(trainer.model, before))
+            if untrained:   # e.g. one optimizer step, all of it warmup at lr 0: the adapter is the base policy
+                marks.append(fail_or_warn("sft_adapter", f"the adapter did not train: {untrained}", on_failure,
+                                          condition="adapter_not_trained", count=state.global_step))
+                metrics.update(marks_metadata(marks))
             history = epoch_history(state.log_history, initial)
             evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
             best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
             last_step = next((e for e in reversed(state.log_history) if "num_tokens" in e), {})
             metrics.update(
-                status="trained", steps=state.global_step, epochs_run=round(state.epoch or 0.0, 4),
+                status=f"untrained: {untrained}" if untrained else "trained", steps=state.global_step,
+                learning_rates={"min": min(rates), "max": max(rates)} if rates else None,
+                epochs_run=round(state.epoch or 0.0, 4),
                 max_epochs=sft["epochs"], stopped_early=bool(validation) and (state.epoch or 0) < sft["epochs"] - 1e-6,
                 best_epoch=best.get("epoch"), train_loss=finite(result.training_loss),
                 final_train_loss=history[-1].get("train_loss") if history else None,
