@@ -38,6 +38,19 @@ def check_config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def publish_command(args: argparse.Namespace) -> int:
+    """Upload an adapter folder or merged checkpoint (with its model card) to the Hub; opt-in, never in the DAG."""
+    from clemprm.model_card import PublishError, publish_folder
+
+    try:
+        url = publish_folder(args.folder, args.repo_id, private=args.private)
+    except PublishError as error:
+        print(f"clemprm publish: {error}", file=sys.stderr)
+        return 2
+    print(f"clemprm publish: {args.folder} -> {url}")
+    return 0
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -61,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--schema-only", action="store_true",
                        help="only the schema: not the models, games and folders the config names")
     check.set_defaults(run=check_config_command)
+    publish = commands.add_parser("publish", help="upload an adapter folder or merged checkpoint, with its model "
+                                                  "card, to a Hugging Face Hub model repo (needs a token and network)")
+    publish.add_argument("folder", metavar="FOLDER", help="e.g. results/sft/adapter or results/merged/sft")
+    publish.add_argument("repo_id", metavar="REPO_ID", help="the Hub model repo, e.g. user/clemprm-sft (created when "
+                                                            "missing)")
+    publish.add_argument("--private", action="store_true", help="create the repo private")
+    publish.set_defaults(run=publish_command)
     return parser
 
 

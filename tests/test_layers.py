@@ -16,7 +16,7 @@ FLOORS = [
     ("clemprm.play",),
     ("clemprm.models",),
     ("clemprm.checks",),
-    ("clemprm.training",),
+    ("clemprm.training", "clemprm.model_card"),
     ("clemprm.stages",),
     ("clemprm.search",),
     ("clemprm.rl",),

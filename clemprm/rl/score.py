@@ -40,6 +40,7 @@ from clemprm.rl.grpo import summary
 from clemprm.rl.logprobs import merged_for_generation
 from clemprm.rl.rollouts import Group, Sequence, play_groups
 from clemprm.rl.trainer import POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model
+from clemprm.model_card import write_adapter_card
 from clemprm.training import write_adapter
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,7 @@ def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path
                "stages": {str(stage): stage_summary(history, stage) for stage in STAGES},
                "history": history, "generation": trainer.trainer.policy.stats.as_dict()}
     finish_metrics(metrics, start, settings, metrics_path)
+    write_adapter_card("score", adapter_dir, metrics)   # after finish_metrics: the final metrics
     log.info("score: %d steps in %.0f s; stage I reward t1 %s -> t2 %s; stage II %s -> %s; adapter %s", steps,
              metrics["seconds"], metrics["stages"]["1"]["reward_t1"], metrics["stages"]["1"]["reward_t2"],
              metrics["stages"]["2"]["reward_t1"], metrics["stages"]["2"]["reward_t2"], adapter_dir)

@@ -62,6 +62,7 @@ from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, referenc
 from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import TURN_SOURCES, reward_function, turn_reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups, collect_state_groups
+from clemprm.model_card import write_adapter_card
 from clemprm.training import OPTIMIZER_AUTO, write_adapter
 
 log = logging.getLogger(__name__)
@@ -439,6 +440,7 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
                "history": steps, "generation": trainer.policy.stats.as_dict(),
                **marks_metadata(trainer.failure_marks)}
     finish_metrics(metrics, start, settings, metrics_path)
+    write_adapter_card(rl["algorithm"], adapter_dir, metrics)   # after finish_metrics: the final metrics
     log.info("rl %s: %d steps in %.0f s; reward %s -> %s; adapter %s", rl["algorithm"], len(steps),
              metrics["seconds"], steps[0]["reward"]["mean"] if steps else None,
              steps[-1]["reward"]["mean"] if steps else None, adapter_dir)

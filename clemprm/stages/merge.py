@@ -55,6 +55,7 @@ from pathlib import Path
 
 from clemprm.config import provenance, sections
 from clemprm.play.chat import end_token_ids
+from clemprm.model_card import merged_card, write_card
 from clemprm.training import peak_memory_mb, sample_at_most, split_instances
 from clemprm.records import write_json
 
@@ -545,6 +546,7 @@ def merge_and_verify(name: str, task: str, settings: dict, adapter_dir: str, dat
             raise VerificationError(f"merged model {output_dir} does not match PEFT(base + adapter): "
                                     f"{'; '.join(failures)}")
         write_json(tmp / "verification.json", verification)
+        write_card(tmp, merged_card(verification, output_dir))   # moves into place with the checkpoint
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(tmp, output_dir)

@@ -39,6 +39,7 @@ from clemprm.models.scoring import pad_right
 from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
+from clemprm.model_card import write_adapter_card
 from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite,
                               keep_4bit_differentiable, lora_config, progress_callback, scratch_beside,
                               split_instances, trainer_arguments, write_adapter)
@@ -409,6 +410,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         metrics.update(marks_metadata(gate_marks(metrics["gate"], on_failure)))
         write_adapter(model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
+    write_adapter_card("prm", adapter_dir, metrics)   # after finish_metrics: the final metrics
     ranked_metrics = (metrics["evaluation"] or {}).get(ranked) or {}
     log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, %s AUROC %s, Pearson %s; "
              "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),

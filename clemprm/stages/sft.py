@@ -48,6 +48,7 @@ from pathlib import Path
 from clemprm import records
 from clemprm.checks.run_time import check_not_empty, fail_or_warn, marks_metadata
 from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render_prompt
+from clemprm.model_card import write_adapter_card
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
                               finish_metrics, finite, keep_4bit_differentiable, lora_config, progress_callback,
                               sample_at_most, scratch_beside, split_instances, trainable_snapshot, trainer_arguments,
@@ -325,6 +326,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             peft_model = trainer.model
         write_adapter(peft_model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
+    write_adapter_card("sft", adapter_dir, metrics)   # after finish_metrics: the final metrics
     log.info("sft: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s (token accuracy %s -> %s); adapter %s",
              metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
              metrics.get("initial_eval_loss"), metrics.get("eval_loss"), metrics.get("initial_eval_token_accuracy"),
