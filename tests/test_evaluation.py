@@ -273,3 +273,10 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     for row in rows:
         for turn in row["turns"]:
             assert len(turn["response"]) == max(map(len, scored[str(turn["messages"])]))
+
+
+def test_the_summary_refuses_episodes_of_another_split(eval_run, tmp_path):
+    paths, _, _, _ = eval_run
+    other = {**SETTINGS, "eval": {**SETTINGS["eval"], "split": "test"}}
+    with pytest.raises(records.RecordFileError, match=r"greedy_base.parquet holds \d+ validation rows .* only test"):
+        evaluate.summarize_eval(other, [paths["greedy_base"]], str(tmp_path / "prm_eval.json"))

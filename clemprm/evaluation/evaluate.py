@@ -327,7 +327,7 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
         run = records.read_provenance(path).get("run", {})
         mode = run.get("mode") or Path(path).stem
         schema = records.SELF_CORRECT_EPISODES if mode == SELF_CORRECT else records.EVAL_EPISODES
-        runs[mode] = (records.read_records(path, schema), run)
+        runs[mode] = (records.read_records(path, schema, splits=(eval_settings["split"],)), run)
     self_correct = runs.pop(SELF_CORRECT, None)   # attempt pairs of two policies: its own entry
     prm_metrics = json.loads(Path(prm_metrics_path).read_text()) if prm_metrics_path is not None else None
     # in pipeline order: the earlier stages, the PRM (its quality gate), then the modes
