@@ -583,11 +583,6 @@ def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_th
     assert "No stage went on after a failure" in page.read_text()
 
 
-def test_failure_conditions_match_the_summary_schema():
-    schema = evaluate.summary_schema()
-    assert tuple(schema["properties"]["upstream_warnings"]["items"]["properties"]["condition"]["enum"]) == CONDITIONS
-
-
 @pytest.mark.parametrize("games, expected", [
     ({"clembench_path": "/nonexistent/clembench", "clembench_games": ["pair"]},
      "games.clembench_path: /nonexistent/clembench is not a directory"),
@@ -669,13 +664,11 @@ def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, tes
         ("eval greedy_base", "all_episodes_failed", "broken_setup", eval_episodes),
         ("eval best_of_n", "all_episodes_failed", "broken_setup", eval_episodes)]
     assert all("ValueError: math domain error" in m["first_error"] for m in summary["upstream_warnings"])
-    # the report's front page starts with them
-    report_html = tmp_path / "report.html"
-    made = subprocess.run(command[:7] + ["--report", str(report_html)] + command[7:], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert made.returncode == 0, made.stderr[-4000:]
-    page = report_html.read_text()
-    assert "WARNING: 4 failed stage check(s) went on (on_failure: continue)" in page and "all_episodes_failed" in page
+    # the report's front page starts with them: this block (tests/test_workflow.py's test_snakemake_report checks
+    # that `snakemake --report` puts it there, on the session's completed run)
+    page = (tmp_path / "results/report/warnings.html").read_text()
+    assert "WARNING: 4 failed stage check(s) went on (on_failure: continue)" in page
+    assert page.count("<td>all_episodes_failed</td>") == 4 and page.count("<td>broken_setup</td>") == 4
 
     # a wrong checkout fails when the Snakefile is parsed, before any job
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**config, "games": {**config["games"],

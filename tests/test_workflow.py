@@ -244,7 +244,14 @@ def test_every_rule_logs_and_benchmarks(completed_run):
 
 def test_snakemake_report(completed_run, tmp_path):
     snakemake(completed_run.workdir, "--report", str(tmp_path / "report.html"))
-    assert (tmp_path / "report.html").stat().st_size > 10000
+    page = (tmp_path / "report.html").read_text()
+    assert len(page) > 10000
+    # the front page starts with results/report/warnings.html (report/workflow.rst): its headline, "No stage went on
+    # after a failure ..." or "WARNING: N failed stage check(s) went on ..." (tests/test_clembench.py checks a run
+    # whose warnings block lists failures)
+    warnings = (completed_run.workdir / "results/report/warnings.html").read_text()
+    headline = re.sub(r"<[^>]+>", "", warnings.split("</p>")[0]).strip()
+    assert headline.startswith(("No stage went on after a failure", "WARNING: ")) and headline in page, headline
 
 
 # ------------------------------------------------------------------------------ rerun triggers, on the completed run

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests import test_workflow as workflow_test
+from tests.conftest import copy_of_run
 from tests.slurm.profiles import REPO, derive_test_profile, gpu_rules, load_profile
 
 pytestmark = pytest.mark.slurm
@@ -226,13 +227,25 @@ def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile,
     print(f"\n[slurm] failing run reported after {time.monotonic() - start:.1f} s")
 
 
-def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm_profile, tmp_path):
+def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm_profile, completed_run, tmp_path):
     """`slurm-requeue`: a label shard that SLURM requeues mid-way (as on preemption) keeps its job id, Snakemake waits
-    for it, and the rerun resumes from the shard's checkpoint to the records of an uninterrupted run."""
+    for it, and the rerun resumes from the shard's checkpoint to the records of an uninterrupted run.
+
+    On a copy of the session's completed run with only `labels` changed: they are the shard's own params, so the
+    shard is the one job to run (a dry run says so first); nothing upstream is played or trained again."""
+    work = copy_of_run(completed_run, tmp_path / "requeue")
+    config = yaml.safe_load((work / "tiny.yaml").read_text())
     # one branch point per checkpointed chunk and more work per chunk: the shard is caught between two chunks
-    work = _workdir(tmp_path / "requeue", tmp_path / "cache", labels={"checkpoint_every": 1, "k": 8, "max_new_tokens": 16})
+    config["labels"].update({"checkpoint_every": 1, "k": 8, "max_new_tokens": 16})
+    (work / "tiny.yaml").write_text(yaml.safe_dump(config))
     target = "results/labels/shards/0-of-2.parquet"
     checkpoint = work / (target + ".ckpt")
+    local_env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    code, dry_run, _ = _snakemake(work, "-n", "--cores", "1", "--", target, env=local_env)
+    assert code == 0, dry_run[-6000:]
+    assert workflow_test.planned_outputs(dry_run) == {target}, dry_run[-6000:]
+    assert "Params have changed since last execution" in dry_run, dry_run[-6000:]
+    (work / target).unlink()   # the earlier labels' shard: what exists from here on is this run's
     known = {job for job, _ in slurm_cluster.jobs()}
     command = ["timeout", "-k", "20", str(RUN_LIMIT_S), sys.executable, "-m", "snakemake", "--snakefile",
                str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(work / "tiny.yaml"),
@@ -269,8 +282,9 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
         output = log.read()
         log.close()
     assert code == 0, output[-6000:]
-    (submission,) = [s for s in _submissions(output) if s["rule"] == "soft_labels"]
-    assert submission["slurm_id"] == job and "--requeue" in submission["sbatch"]
+    (submission,) = _submissions(output)   # the shard alone, submitted once
+    assert submission["rule"] == "soft_labels" and submission["slurm_id"] == job, output[-6000:]
+    assert "--requeue" in submission["sbatch"]
     info = slurm_cluster.job_info(job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", info["_text"]
     # the restarted job's log (Snakemake starts a job's log afresh): it resumed from the checkpoint
@@ -280,6 +294,6 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
 
     resumed_rows = _normalized_rows(work / target)
     code, output, _ = _snakemake(work, "--cores", "2", "--forcerun", target, "--", target,
-                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})  # the same shard, uninterrupted
+                                 env=local_env)  # the same shard, uninterrupted
     assert code == 0, output[-6000:]
     assert _normalized_rows(work / target) == resumed_rows
