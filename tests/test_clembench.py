@@ -22,7 +22,7 @@ import yaml
 
 from clemprm import records
 from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-from clemprm.checks.run_time import CONDITIONS, StageFailure, check_instances, read_failure_marks
+from clemprm.checks.run_time import StageFailure, check_instances, read_failure_marks
 from clemprm.config import eval_mode_params, load_config, rl_params, sections
 from clemprm.evaluation import evaluate, report
 from clemprm.play.catalog import GameCatalog
