@@ -519,6 +519,9 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
                                        ranking_of(prm=(0.7, 0.05), candidate_length=(0.68, 0.087),
                                                   constant_mean=(0.5, 0.137)), gate_settings())
     assert learned["status"] == "passed" and len(learned["checks"]) == 4
+    alike = prm_metrics.quality_gate(None, {**ranking_of(prm=(None, 0.0), constant_mean=(None, 0.0)),
+                                           "pairs_with_different_labels": 0}, gate_settings())
+    assert alike["status"] == "not_measured"          # siblings all labelled alike: no pick is better
     nothing = prm_metrics.quality_gate(None, None, gate_settings())
     assert nothing == {"status": "not_measured", "checks": [], "not_measured": nothing["not_measured"]}
     assert len(nothing["not_measured"]) == 3

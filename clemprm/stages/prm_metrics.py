@@ -215,6 +215,8 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict) -> dic
         not_measured.append("spread and mean: no held-out labels with any spread")
 
     scorers = (ranking or {}).get("scorers") or {}
+    if (ranking or {}).get("pairs_with_different_labels") == 0:
+        scorers = {}   # siblings that all share a label rank nothing (every pick is as good): nothing to measure
 
     def overall(name: str, metric: str) -> float | None:
         return (((scorers.get(name) or {}).get("overall") or {}).get(metric) or {}).get("value")
