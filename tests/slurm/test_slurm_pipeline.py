@@ -201,9 +201,13 @@ def test_jobs_use_the_configured_model_cache_not_results(runs):
 
 
 def test_a_failing_job_is_reported_failed_not_hung(slurm_cluster, slurm_profile, tmp_path):
-    # an empty model folder: it passes the parse-time checks (the folder exists) and fails in the job
-    (tmp_path / "empty-model").mkdir()
-    work = _workdir(tmp_path / "failing", tmp_path / "cache", model={"spec": str(tmp_path / "empty-model")})
+    # a model folder with a config and a tokenizer file that hold nothing loadable: it passes the parse-time checks
+    # (they look for the files) and fails in the job, when the model is loaded
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "tokenizer.json").write_text("{}")
+    work = _workdir(tmp_path / "failing", tmp_path / "cache", model={"spec": str(broken)})
     start = time.monotonic()
     # only the base rollouts (greedy_base, which also loads the model, would fail too and could stop the run
     # before the retry of base_rollouts is reported)
