@@ -31,7 +31,9 @@ from tests.slurm.profiles import REPO, derive_test_profile, gpu_rules, load_prof
 
 pytestmark = pytest.mark.slurm
 
-RUN_LIMIT_S = 600  # one snakemake run; `timeout -k` ends it, so a hang fails the test instead of blocking CI
+# one snakemake run (the whole tiny pipeline through SLURM: minutes on 2 cores, more on a loaded machine); `timeout -k`
+# ends it, so a hang fails the test instead of blocking CI
+RUN_LIMIT_S = 900
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 SBATCH = re.compile(r"sbatch call: (sbatch .*)")
 FINISHED = re.compile(r"Finished jobid: \d+ \(Rule: (\w+)\)")
