@@ -658,16 +658,21 @@ def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, tes
     assert best_of_n["broken_setup"]["errors"] == best_of_n["broken_setup"]["episodes"] > 0
     # every stage that went on despite broken_setup, earlier stages first
     eval_episodes = load_config()["eval"]["episodes_per_instance"]  # 1 validation instance per game
-    assert [(m["stage"], m["condition"], m["game"], m["count"]) for m in summary["upstream_warnings"]] == [
+    marks = summary["upstream_warnings"]
+    failed_episodes = [m for m in marks if m["condition"] == "all_episodes_failed"]
+    assert [(m["stage"], m["condition"], m["game"], m["count"]) for m in failed_episodes] == [
         ("base_rollouts", "all_episodes_failed", "broken_setup", 4 * 2),
         ("branch_points", "all_episodes_failed", "broken_setup", 4),
         ("eval greedy_base", "all_episodes_failed", "broken_setup", eval_episodes),
         ("eval best_of_n", "all_episodes_failed", "broken_setup", eval_episodes)]
-    assert all("ValueError: math domain error" in m["first_error"] for m in summary["upstream_warnings"])
+    assert all("ValueError: math domain error" in m["first_error"] for m in failed_episodes)
+    # the tiny model's SFT and PRM on a handful of examples may also have learned nothing: marked, never hidden
+    assert {(m["stage"], m["condition"]) for m in marks if m not in failed_episodes} <= {
+        ("sft_adapter", "adapter_not_trained"), ("prm_adapter", "prm_not_learned")}
     # the report's front page starts with them: this block (tests/test_workflow.py's test_snakemake_report checks
     # that `snakemake --report` puts it there, on the session's completed run)
     page = (tmp_path / "results/report/warnings.html").read_text()
-    assert "WARNING: 4 failed stage check(s) went on (on_failure: continue)" in page
+    assert f"WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue)" in page
     assert page.count("<td>all_episodes_failed</td>") == 4 and page.count("<td>broken_setup</td>") == 4
 
     # a wrong checkout fails when the Snakefile is parsed, before any job
