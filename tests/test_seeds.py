@@ -18,21 +18,22 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
         assert math.isnan(row["ranking/prm/pairwise_accuracy"])
     else:
         assert row["ranking/prm/pairwise_accuracy"] == prm_accuracy
-    beam = summary["differences"]["random_of_n"]["beam_search"]["overall"]["quality"]["value"]
-    assert row["difference/beam_search-random_of_n/quality"] == beam
+    # % played is defined whatever was played (quality is not when nothing was)
+    beam = summary["differences"]["random_of_n"]["beam_search"]["overall"]["percent_played"]["value"]
+    assert row["difference/beam_search-random_of_n/percent_played"] == beam
     assert row["gate"] == summary["prm"]["gate"]["status"]
     assert math.isnan(row["difference/beam_search-beam_search_logprob/quality"])   # not a default mode
 
     worse = copy.deepcopy(summary)
     overall = worse["prm"]["ranking"]["scorers"]["prm"]["overall"]
     overall["pairwise_accuracy"]["value"] = 0.0
-    worse["differences"]["random_of_n"]["beam_search"]["overall"]["quality"]["value"] = beam - 10
+    worse["differences"]["random_of_n"]["beam_search"]["overall"]["percent_played"]["value"] = beam - 10
     table = seeds.seeds_table({7: summary, 11: worse})
     assert set(table["seeds"]) == {7, 11}
-    key = "difference/beam_search-random_of_n/quality"
+    key = "difference/beam_search-random_of_n/percent_played"
     assert table["mean"][key] == beam - 5 and table["sd"][key] == math.sqrt(50)
-    claim = table["claims"]["beam_search beats random_of_n on quality"]
+    claim = table["claims"]["beam_search beats random_of_n on percent_played"]
     assert claim == (beam - 5 > 0)
     assert table["claims"]["best_of_n beats best_of_n_logprob on quality"] is None    # no such mode in the run
     text = seeds.markdown(table)
-    assert "| seed 7 | seed 11 | mean | sd |" in text and "beam_search beats random_of_n on quality" in text
+    assert "| seed 7 | seed 11 | mean | sd |" in text and "beam_search beats random_of_n on percent_played" in text
