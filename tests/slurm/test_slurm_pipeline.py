@@ -29,11 +29,13 @@ from tests import test_workflow as workflow_test
 from tests.conftest import copy_of_run
 from tests.slurm.profiles import REPO, derive_test_profile, gpu_rules, load_profile
 
-pytestmark = pytest.mark.slurm
-
 # one snakemake run (the whole tiny pipeline through SLURM: minutes on 2 cores, more on a loaded machine); `timeout -k`
 # ends it, so a hang fails the test instead of blocking CI
 RUN_LIMIT_S = 900
+
+# the session's local run and the SLURM run are this module's set-up: more than pytest's default 900 s on a loaded
+# machine (each snakemake run is bounded by RUN_LIMIT_S)
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2 * RUN_LIMIT_S + 600)]
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 SBATCH = re.compile(r"sbatch call: (sbatch .*)")
 FINISHED = re.compile(r"Finished jobid: \d+ \(Rule: (\w+)\)")
