@@ -52,8 +52,9 @@ class CompletedRun:
 @pytest.fixture(scope="session")
 def completed_run(tmp_path_factory, test_cache_dir) -> CompletedRun:
     """One full run of the tiny workflow (tests/test_workflow.py's config) shared by every check that needs one:
-    the workflow's own tests, the rerun-trigger dry runs, ``clemprm inspect`` on its records, the SLURM suite's
-    local baseline. Treat it as read-only: a test that reruns something works on a copy (:func:`copy_of_run`)."""
+    the workflow's own tests, the rerun-trigger dry runs, ``clemprm inspect`` on its records, the clembench games'
+    pipeline checks (tests/test_clembench.py: the run plays them too), the SLURM suite's local baseline and its
+    requeued label shard. Treat it as read-only: a test that reruns something works on a copy (:func:`copy_of_run`)."""
     from tests import test_workflow as workflow
 
     workdir = tmp_path_factory.mktemp("completed-run")

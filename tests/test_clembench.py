@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.rl import trainer as rl_trainer
 from clemprm.stages import labels, rollouts, sft
+from tests import test_workflow as workflow
 from tests.conftest import tiny_config
 
 # One legacy game master, configured by the flags it is written with. Every round the player answers; an answer
@@ -198,10 +196,9 @@ def spec(name: str, players: int = 1, **extra) -> dict:
             "languages": ["en"], **extra}
 
 
-@pytest.fixture(scope="module")
-def checkout(tmp_path_factory) -> Path:
-    """A fake clembench checkout with every layout the real one has."""
-    root = tmp_path_factory.mktemp("clembench")
+def write_checkout(root: Path) -> Path:
+    """A fake clembench checkout with every layout the real one has, in ``root``: this module's games, and those the
+    tiny workflow run plays beside the built-in ones (tests/test_workflow.py's ``CLEMBENCH_GAMES``)."""
     # a list of specs; the variant names its own instances file (wordle, wordle_withclue)
     write_game(root / "pair", [spec("pair"), spec("pair_variant", instances="instances_variant")],
                instance_files={"instances": instances({"plain": 6}), "instances_variant": instances({"variant": 6}),
@@ -235,6 +232,11 @@ def checkout(tmp_path_factory) -> Path:
     (root / "docs" / "hidden").mkdir(parents=True)  # folders clemcore's registry skips
     (root / "docs" / "hidden" / "clemgame.json").write_text(json.dumps(spec("in_docs")))
     return root
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return write_checkout(tmp_path_factory.mktemp("clembench"))
 
 
 def games_config(checkout: Path, games: list[str], **extra) -> dict:
@@ -615,70 +617,59 @@ def test_parse_time_checks_pass_good_games_and_catch_a_bad_model_spec(checkout):
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-def test_the_tiny_pipeline_end_to_end_on_clembench_games(checkout, tmp_path, test_cache_dir):
+def test_the_tiny_pipeline_end_to_end_on_clembench_games(completed_run, tmp_path):
     """Snakemake, the tiny model, three clembench layouts (a spec list's variant, a nested game, a random game) and a
-    game whose every episode fails, played on under on_failure: continue: prm_eval.json and the report say so."""
-    games = ["pair_variant", "family", "coin", "broken_setup"]
-    # the splits from a playpen-data instance list (a hash split may leave a small game without validation instances)
-    listing = tmp_path / "instances.csv"
-    listing.write_text("game,experiment,task_id,split\n" + "".join(
-        f"{game},{'variant' if game == 'pair_variant' else 'e'},{game_id},{'train' if game_id < 4 else 'validation'}\n"
-        for game in games for game_id in range(5)))
-    config = {"cache_dir": test_cache_dir, "model": {"spec": "tiny:0", "threads": 1}, "on_failure": "continue",
-              "games": games_config(checkout, games, max_instances={"train": 4, "validation": 1, "test": 1},
-                                    instance_list=str(listing)),
-              "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 6},
-              "sft": {"epochs": 1, "batch_size": 4, "grad_accum": 1, "max_examples": 4},
-              "branch_points": {"max_new_tokens": 6},
-              "labels": {"k": 2, "max_new_tokens": 6, "shards": 1},
-              "prm": {"epochs": 1, "max_examples": 8, "batch_size": 8, "grad_accum": 1},
-              "eval": {"max_new_tokens": 6, "n": 2, "modes": ["greedy_base", "best_of_n"], "bootstrap_samples": 50}}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    # the targets before --configfile, which takes every following word as a config file
-    targets = ["results/prm_eval.json", "results/report/warnings.html"]
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2", *targets,
-               "--directory", str(tmp_path), "--configfile", str(tmp_path / "run.yaml")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
-    episodes = records.read_records(tmp_path / "results/rollouts/base_train.parquet")
+    game whose every episode fails, played on under on_failure: continue: prm_eval.json and the report say so.
+
+    The session's completed run plays them beside the built-in games (tests/test_workflow.py's tiny config: this
+    module's checkout and a playpen-data instance list in its working directory), so no pipeline runs for them alone."""
+    work, results = completed_run.workdir, completed_run.workdir / "results"
+    config = yaml.safe_load((work / "tiny.yaml").read_text())
+    games = workflow.CLEMBENCH_GAMES   # pair_variant, family, coin, broken_setup
+    assert config["games"]["clembench_games"] == games and games[-1] == "broken_setup"
+    train, repeats = config["games"]["max_instances"]["train"], config["base_rollouts"]["episodes_per_instance"]
+    eval_episodes = load_config()["eval"]["episodes_per_instance"]  # 1 validation instance per game
+    episodes = [row for row in records.read_records(results / "rollouts/base_train.parquet") if row["game"] in games]
     assert {row["game"] for row in episodes} == set(games)
     assert all((row["error"] is None) == (row["game"] != "broken_setup") for row in episodes)
     assert {row["experiment"] for row in episodes if row["game"] == "pair_variant"} == {"variant"}
-    assert {(row["game"], row["game_id"]) for row in episodes} == {(game, i) for game in games for i in range(4)}
-    soft = records.read_records(tmp_path / "results/labels/soft_labels.parquet")
-    assert soft and len({row["label"] for row in soft}) > 1 and all(row["n_errors"] == 0 for row in soft)
-    summary = json.loads((tmp_path / "results/prm_eval.json").read_text())
-    assert set(summary["modes"]["greedy_base"]["results"]) == set(games) | {"overall"}
+    # the splits come from the instance list: game ids 0-3 are train instances (the first max_instances.train of
+    # them played), 4 the validation one
+    assert sorted((row["game"], row["game_id"]) for row in episodes) == sorted(
+        (game, i) for game in games for i in range(train) for _ in range(repeats))
+    played = records.read_records(results / "eval/greedy_base.parquet")
+    assert sorted((row["game"], row["game_id"]) for row in played if row["game"] in games) == sorted(
+        (game, 4) for game in games for _ in range(eval_episodes))
+    soft = records.read_records(results / "labels/soft_labels.parquet")
+    assert {row["game"] for row in soft} >= set(games) - {"broken_setup"}   # broken_setup: no branch points
+    assert len({row["label"] for row in soft}) > 1 and all(row["n_errors"] == 0 for row in soft)
+    summary = json.loads((results / "prm_eval.json").read_text())
+    assert set(summary["modes"]["greedy_base"]["results"]) == set(workflow.GAMES) | {"overall"}
     best_of_n = summary["modes"]["best_of_n"]["results"]
     assert all(best_of_n[game]["errors"] == 0 for game in games[:3])
     assert best_of_n["broken_setup"]["errors"] == best_of_n["broken_setup"]["episodes"] > 0
-    # every stage that went on despite broken_setup, earlier stages first
-    eval_episodes = load_config()["eval"]["episodes_per_instance"]  # 1 validation instance per game
+    # every stage that went on despite broken_setup, earlier stages first: every eval mode but self_correct, which
+    # plays score.games (guessnumber) alone
     marks = summary["upstream_warnings"]
     failed_episodes = [m for m in marks if m["condition"] == "all_episodes_failed"]
     assert [(m["stage"], m["condition"], m["game"], m["count"]) for m in failed_episodes] == [
-        ("base_rollouts", "all_episodes_failed", "broken_setup", 4 * 2),
-        ("branch_points", "all_episodes_failed", "broken_setup", 4),
-        ("eval greedy_base", "all_episodes_failed", "broken_setup", eval_episodes),
-        ("eval best_of_n", "all_episodes_failed", "broken_setup", eval_episodes)]
+        ("base_rollouts", "all_episodes_failed", "broken_setup", train * repeats),
+        ("branch_points", "all_episodes_failed", "broken_setup", train),
+        *[(f"eval {mode}", "all_episodes_failed", "broken_setup", eval_episodes)
+          for mode in config["eval"]["modes"] if mode != "self_correct"]]
     assert all("ValueError: math domain error" in m["first_error"] for m in failed_episodes)
     # the tiny model's SFT and PRM on a handful of examples may also have learned nothing: marked, never hidden
     assert {(m["stage"], m["condition"]) for m in marks if m not in failed_episodes} <= {
         ("sft_adapter", "adapter_not_trained"), ("prm_adapter", "prm_not_learned")}
     # the report's front page starts with them: this block (tests/test_workflow.py's test_snakemake_report checks
-    # that `snakemake --report` puts it there, on the session's completed run)
-    page = (tmp_path / "results/report/warnings.html").read_text()
+    # that `snakemake --report` puts it there)
+    page = (results / "report/warnings.html").read_text()
     assert f"WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue)" in page
-    assert page.count("<td>all_episodes_failed</td>") == 4 and page.count("<td>broken_setup</td>") == 4
+    assert page.count("<td>all_episodes_failed</td>") == page.count("<td>broken_setup</td>") == len(failed_episodes)
+    assert math.isfinite(summary["modes"]["greedy_base"]["results"]["overall"]["percent_played"]["value"])
 
     # a wrong checkout fails when the Snakefile is parsed, before any job
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**config, "games": {**config["games"],
-                                                                          "clembench_path": str(tmp_path / "none")}}))
-    bad = subprocess.run(command[:-1] + [str(tmp_path / "bad.yaml"), "-n"], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert bad.returncode != 0 and "is not a directory (a clembench checkout)" in bad.stdout + bad.stderr
-    assert math.isfinite(summary["modes"]["greedy_base"]["results"]["overall"]["percent_played"]["value"])
+    bad = workflow.changed_config(completed_run, tmp_path, games={"clembench_path": str(tmp_path / "none")})
+    done = workflow.snakemake(work, "-n", configfile=bad, check=False)
+    assert done.returncode != 0 and "is not a directory (a clembench checkout)" in done.stdout + done.stderr

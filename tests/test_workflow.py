@@ -2,7 +2,8 @@
 
 The whole pipeline runs once per session (``completed_run`` in tests/conftest.py); each stage's checks are one small
 test on that run, rerun triggers are dry runs (``-n``) of a changed config against it, and the one real rerun works
-on a copy. A new stage adds a test function taking ``completed_run``.
+on a copy. A new stage adds a test function taking ``completed_run``. The run plays the built-in games and clembench
+fixture games (tests/test_clembench.py checks those, and a game whose every episode fails, on the same run).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_sea
               "greedy_rl_prime"}
 RL_ALGORITHMS = ("grpo", "prime")   # the default rl.algorithms
 DEFAULT_EVAL_MODES = load_config()["eval"]["modes"]
+BUILTIN_GAMES = ("guessnumber", "wordref", "oddoneout")   # the default games.builtin
+# tests/test_clembench.py's fixture games: a spec list's variant, a nested game, a random game, and one whose every
+# episode fails at set-up (played on: on_failure continue); its checks of them run on the session's completed run
+CLEMBENCH_GAMES = ["pair_variant", "family", "coin", "broken_setup"]
+GAMES = (*BUILTIN_GAMES, *CLEMBENCH_GAMES)
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
@@ -38,7 +44,10 @@ def tiny_workflow_config(cache_dir: str) -> dict:
         "model": {"spec": "tiny:0", "threads": 1},
         # the random tiny model aborts most label continuations: labels without variance would stop the run
         "on_failure": "continue",
-        "games": {"max_instances": {"train": 2, "validation": 1, "test": 1}},
+        # the clembench checkout and the playpen-data instance list that picks every game's splits (a hash split may
+        # leave a small game without validation instances): files in the working directory (prepare_workdir)
+        "games": {"max_instances": {"train": 2, "validation": 1, "test": 1}, "clembench_path": "clembench",
+                  "clembench_games": CLEMBENCH_GAMES, "instance_list": "instances.csv"},
         "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 8},
         "win_filter": {"require_success": True, "min_bench_score": 0.0},
         # a random tiny model rarely wins: a small playpen-data file guarantees SFT examples
@@ -63,10 +72,31 @@ def write_extra_interactions(path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def write_instance_list(path: Path, max_instances: dict) -> None:
+    """The tiny run's playpen-data instance list: the built-in games' instances that a run without a list plays (their
+    own split files, capped by ``max_instances``), and the clembench games' game ids 0-3 as train instances, 4 as the
+    validation one."""
+    from clemprm.play.catalog import GameCatalog
+
+    builtin = GameCatalog(load_config(overrides={"games": {"builtin": list(BUILTIN_GAMES),
+                                                           "max_instances": max_instances}})["games"])
+    rows = [(game, instance.experiment["name"], instance.key[2], split) for game in BUILTIN_GAMES
+            for split in ("train", "validation", "test") for instance in builtin.instances(game, split)]
+    rows += [(game, "variant" if game == "pair_variant" else "e", game_id, "train" if game_id < 4 else "validation")
+             for game in CLEMBENCH_GAMES for game_id in range(5)]
+    path.write_text("game,experiment,task_id,split\n" + "".join(",".join(map(str, row)) + "\n" for row in rows))
+
+
 def prepare_workdir(path: Path, cache_dir: str) -> Path:
-    """A working directory with the tiny config (tiny.yaml) and its extra data file."""
-    (path / "tiny.yaml").write_text(yaml.safe_dump(tiny_workflow_config(cache_dir)))
-    write_extra_interactions(path / "extra.jsonl")
+    """A working directory with the tiny config (tiny.yaml) and the files it names: the extra data file, the clembench
+    checkout (tests/test_clembench.py's fixture games) and the instance list."""
+    from tests.test_clembench import write_checkout
+
+    config = tiny_workflow_config(cache_dir)
+    (path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    write_extra_interactions(path / config["sft"]["extra_data"])
+    write_checkout(path / config["games"]["clembench_path"])
+    write_instance_list(path / config["games"]["instance_list"], config["games"]["max_instances"])
     return path
 
 
@@ -136,10 +166,11 @@ def test_malformed_config_fails_at_parse_time_naming_the_key(workdir):
 
 def test_base_rollouts(completed_run):
     episodes = records.read_records(completed_run.workdir / "results/rollouts/base_train.parquet", records.EPISODES)
-    assert len(episodes) == 3 * 2 * 2  # 3 games x 2 train instances x 2 episodes
-    assert {row["game"] for row in episodes} == {"guessnumber", "wordref", "oddoneout"}
+    assert len(episodes) == 7 * 2 * 2  # 7 games (3 built-in, 4 clembench) x 2 train instances x 2 episodes
+    assert {row["game"] for row in episodes} == set(GAMES)
     assert all(row["policy"].startswith("tiny") for row in episodes)
-    assert all(row["n_turns"] >= 1 for row in episodes)
+    # broken_setup fails at set-up, before any turn (tests/test_clembench.py); every other episode plays
+    assert all((row["n_turns"] >= 1) == (row["game"] != "broken_setup") for row in episodes)
 
 
 def test_win_filter_and_sft_adapter(completed_run):
@@ -174,7 +205,7 @@ def test_eval_modes_and_summary(completed_run):
     assert set(summary["modes"]) == EVAL_MODES
     for mode in EVAL_MODES:
         rows = records.read_records(results / f"eval/{mode}.parquet", records.EVAL_EPISODES)
-        assert len(rows) == 3 and {row["mode"] for row in rows} == {mode}   # 3 games x 1 validation instance
+        assert len(rows) == len(GAMES) and {row["mode"] for row in rows} == {mode}   # 7 games x 1 validation instance
         assert summary["modes"][mode]["results"]["overall"]["episodes"] == len(rows)
     # the PRM's held-out global and within-prefix metrics, for it and every baseline
     prm_metrics = json.loads((results / "prm/metrics.json").read_text())
@@ -246,12 +277,12 @@ def test_snakemake_report(completed_run, tmp_path):
     snakemake(completed_run.workdir, "--report", str(tmp_path / "report.html"))
     page = (tmp_path / "report.html").read_text()
     assert len(page) > 10000
-    # the front page starts with results/report/warnings.html (report/workflow.rst): its headline, "No stage went on
-    # after a failure ..." or "WARNING: N failed stage check(s) went on ..." (tests/test_clembench.py checks a run
-    # whose warnings block lists failures)
+    # the front page starts with results/report/warnings.html (report/workflow.rst): its headline, "WARNING: N failed
+    # stage check(s) went on ..." (the run plays on after broken_setup's failures: tests/test_clembench.py checks the
+    # block's rows)
     warnings = (completed_run.workdir / "results/report/warnings.html").read_text()
     headline = re.sub(r"<[^>]+>", "", warnings.split("</p>")[0]).strip()
-    assert headline.startswith(("No stage went on after a failure", "WARNING: ")) and headline in page, headline
+    assert headline.startswith("WARNING: ") and headline in page, headline
 
 
 # ------------------------------------------------------------------------------ rerun triggers, on the completed run
@@ -337,7 +368,8 @@ def test_inspect_command_on_every_record_file(completed_run, name):
     lines = done.stdout.splitlines()
     table = pq.read_table(path)
     assert lines[:2] == [str(path), f"rows: {table.num_rows}"]
-    # the random tiny model never wins, so the run's own SFT data is empty (its SFT learns from extra.jsonl)
+    # the random tiny model rarely wins (the clembench game coin is won by the coin), so the run's own SFT data may be
+    # empty (its SFT learns from extra.jsonl too)
     assert table.num_rows > 0 or name == "sft/sft_data.parquet"
     for field in RECORD_FILES[name]:
         assert any(line.startswith(f"  {field.name}: ") for line in lines), field.name
@@ -401,7 +433,8 @@ def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
     """rl.data states with a fresh LoRA (configs/hanabi.yaml's RL stage): the merged RL checkpoint needs the prompt
     set (rule rl_states) and the RL stage only, no rollouts or SFT; the RL stage and the merge read the states."""
     config = yaml.safe_load((workdir / "tiny.yaml").read_text())
-    config["games"].update(builtin=["hanabi"], experiments={"hanabi": ["small"]})
+    config["games"].update(builtin=["hanabi"], experiments={"hanabi": ["small"]}, clembench_games=[],
+                           instance_list=None)
     config["rl"] = {"algorithms": ["grpo"], "data": "states", "reward": {"source": "turn_scores"},
                     "loss": "importance_sampling",
                     "lora": {"r": 4, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "lm_head"]}}
