@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+from clemprm import distributed
+
 CARD_NAME = "README.md"
 # the embedded models' Hub originals and licences (clemprm.models.loader.EMBEDDED_MODELS converts them from GGUF)
 EMBEDDED_ORIGINALS = {"embedded:smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")}
@@ -234,8 +236,11 @@ def merged_card(verification: dict, output: str | Path) -> str:
 
 
 def write_card(folder: str | Path, text: str) -> Path:
-    """Write ``text`` as ``folder/README.md`` atomically (a temporary file beside it, moved into place)."""
+    """Write ``text`` as ``folder/README.md`` atomically (a temporary file beside it, moved into place); rank 0 alone in
+    a job of several processes."""
     folder = Path(folder)
+    if not distributed.is_main():
+        return folder / CARD_NAME
     fd, tmp = tempfile.mkstemp(prefix=f".{CARD_NAME}.tmp-", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from clemprm import distributed
+
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 MESSAGES = pa.list_(MESSAGE)
 
@@ -135,7 +137,10 @@ class RecordFileError(ValueError):
 
 
 def write_records(path: str | Path, rows: list[dict], schema: pa.Schema, provenance: dict) -> None:
-    """Write ``rows`` as one parquet file, atomically (a killed job never leaves a half-written file)."""
+    """Write ``rows`` as one parquet file, atomically (a killed job never leaves a half-written file); in a job of
+    several processes, rank 0 alone writes (:mod:`clemprm.distributed`: every rank holds the gathered rows)."""
+    if not distributed.is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
@@ -209,7 +214,9 @@ def instance_key(game, experiment, game_id) -> tuple[str, str, str]:
 
 
 def write_json(path: str | Path, data: dict) -> None:
-    """Write ``data`` as JSON atomically (no NaN: it is not JSON)."""
+    """Write ``data`` as JSON atomically (no NaN: it is not JSON); rank 0 alone, as :func:`write_records`."""
+    if not distributed.is_main():
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from clemprm import records
+from clemprm import distributed, records
 from clemprm.config import provenance
 
 OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
@@ -112,6 +112,13 @@ def finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def initial_evaluation(log_history: list[dict]) -> tuple[dict | None, list[dict]]:
+    """The evaluation before the first optimizer step (``eval_on_start``: logged at step 0), or None, and the rest of
+    the Trainer's log."""
+    initial = next((entry for entry in log_history if "eval_loss" in entry and entry.get("step") == 0), None)
+    return initial, [entry for entry in log_history if entry is not initial]
+
+
 def epoch_history(log_history: list[dict], initial: dict | None) -> list[dict]:
     """Per epoch: mean train loss and token accuracy of its steps, eval loss and token accuracy at its end."""
     epochs = []
@@ -162,10 +169,23 @@ def scratch_beside(folder: str | Path):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def shared_scratch_beside(folder: str | Path):
+    """:func:`scratch_beside`, one for all processes of the job (rank 0's, :mod:`clemprm.distributed`): the Trainer's
+    checkpoints, which rank 0 writes and every rank reads back (the best epoch's weights). Every rank enters it."""
+    with contextlib.ExitStack() as stack:
+        mine = stack.enter_context(scratch_beside(folder)) if distributed.is_main() else None
+        yield distributed.from_main(mine)
+        distributed.barrier()   # every rank is done with it before rank 0 removes it
+
+
 def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list[str] | None = None) -> None:
     """THE adapter writer: save the PEFT adapter (or the named adapters: ``default`` at the top, the others in
     sub-folders named after them, PEFT's layout) beside ``adapter_dir``, name their base by ``spec`` (``tiny:0``,
-    ``embedded:...``, a hub id) rather than this machine's cache path, then move it into place."""
+    ``embedded:...``, a hub id) rather than this machine's cache path, then move it into place. Rank 0 alone writes
+    in a job of several processes (their adapters are the same: DDP keeps them so)."""
+    if not distributed.is_main():
+        return
     adapter_dir = Path(adapter_dir)
     with scratch_beside(adapter_dir) as scratch:
         out = scratch / "adapter"
@@ -182,29 +202,63 @@ def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list
         os.replace(out, adapter_dir)
 
 
-def trainer_arguments(section: dict, *, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
+def trainer_arguments(section: dict, *, key: str, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
                       has_validation: bool, optimizer: str, gradient_checkpointing: bool, weight_decay: float) -> dict:
     """The ``TrainingArguments`` (and TRL ``SFTConfig``) settings SFT and the PRM share, from a stage's section
-    (``lr``, ``epochs``, ``scheduler``, ``warmup_ratio``, ``batch_size``): with a validation side, an evaluation and a
-    checkpoint per epoch and the best epoch's weights loaded at the end (early stopping reads the eval loss);
-    length-grouped batches; progress as log lines (:func:`progress_callback`), no tracker."""
+    ``key`` (``lr``, ``epochs``, ``scheduler``, ``warmup_ratio``, ``batch_size``): with a validation side, an
+    evaluation before training (:func:`initial_evaluation`), an evaluation and a checkpoint per epoch and the best
+    epoch's weights loaded at the end (early stopping reads the eval loss); length-grouped batches; progress as log lines (:func:`progress_callback`), no tracker. Over several
+    processes (the Trainer's DDP) each accumulates ``grad_accum / processes`` batches: the effective batch stays
+    ``batch_size x grad_accum``."""
     import torch
 
-    per_epoch = {"eval_strategy": "epoch", "save_strategy": "epoch", "load_best_model_at_end": True,
+    processes = distributed.world_size()
+    accumulation = distributed.accumulation_steps(grad_accum, f"{key}.grad_accum")
+    logging.getLogger(f"clemprm.{key}").info(
+        "%s: effective batch %d = batch_size %d x accumulation %d x %d process(es)", key,
+        section["batch_size"] * accumulation * processes, section["batch_size"], accumulation, processes)
+
+    # the evaluation before training runs inside train() (eval_on_start): a Trainer.evaluate() before train() would
+    # prepare the model for evaluation and leave it out of DDP, whose gradients then are never all-reduced
+    per_epoch = {"eval_strategy": "epoch", "eval_on_start": True, "save_strategy": "epoch",
+                 "load_best_model_at_end": True,
                  "metric_for_best_model": "eval_loss", "greater_is_better": False, "save_total_limit": 1,
                  "save_only_model": True} if has_validation else {"eval_strategy": "no", "save_strategy": "no"}
     return dict(
         output_dir=output_dir, seed=seed, data_seed=seed,
         learning_rate=section["lr"], num_train_epochs=section["epochs"], lr_scheduler_type=section["scheduler"],
         warmup_steps=section["warmup_ratio"], weight_decay=weight_decay, max_grad_norm=1.0,
-        per_device_train_batch_size=section["batch_size"], per_device_eval_batch_size=section["batch_size"],
-        gradient_accumulation_steps=grad_accum, optim=optimizer,
+        # evaluation one example at a time: the eval loss is then the mean over examples whatever the process count
+        # (a batch's mean weighs its examples by the batch they fall in, which the process count changes, and the
+        # best epoch is chosen by it)
+        per_device_train_batch_size=section["batch_size"], per_device_eval_batch_size=1,
+        gradient_accumulation_steps=accumulation, optim=optimizer,
+        # several processes: DDP; on the CPU accelerate runs it (MULTI_CPU, gloo) only when told to use the CPU
+        **({"ddp_backend": "nccl" if device == "cuda" else "gloo", "use_cpu": device == "cpu"} if processes > 1
+           else {}),
         bf16=device == "cuda" and dtype == torch.bfloat16, fp16=device == "cuda" and dtype == torch.float16,
         activation_checkpointing=gradient_checkpointing,     # transformers 5 name of gradient_checkpointing
         activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
         train_sampling_strategy="group_by_length",   # similar lengths per batch: less padding
         logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
         dataloader_pin_memory=device == "cuda", **per_epoch)
+
+
+def step_grouped(trainer_class):
+    """``trainer_class`` with its length-grouped batches drawn per optimizer step of all processes: the Trainer groups
+    ``batch_size x accumulation`` examples of similar length, here ``x processes`` too, so any process count with the
+    same effective batch trains on the same batches in the same steps (each process takes its share of a group)."""
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    class StepGrouped(trainer_class):
+        def _get_train_sampler(self, train_dataset=None):
+            sampler = super()._get_train_sampler(train_dataset)
+            if isinstance(sampler, LengthGroupedSampler):
+                sampler.batch_size *= self.args.world_size
+            return sampler
+
+    StepGrouped.__name__ = StepGrouped.__qualname__ = trainer_class.__name__
+    return StepGrouped
 
 
 def trainable_snapshot(model) -> dict:

@@ -1,26 +1,51 @@
-"""Set-up shared by the rule scripts: logging into the rule's log file and the job's environment."""
+"""Set-up shared by the rule scripts: logging into the rule's log file, the job's environment and its processes."""
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 
+from clemprm import distributed
 from clemprm.config import job_environment
 
 
 def setup_job(snakemake) -> None:
-    """Send all logging (and stray stderr) to the rule's log file; set HF_HOME and offline mode from config.
+    """Send all logging (and stray stderr) to the rule's log file; set HF_HOME and offline mode from config; with
+    ``processes: N`` > 1 in the rule's resources, run the rule script in N processes (:func:`run_processes`) and
+    end this one with their exit status.
 
     Called first in every rule script, before torch/transformers are imported: the hub's offline switch is
     read at import time. The parse-time checks read the same settings (:func:`clemprm.config.hub_offline_reason`).
     """
-    config = snakemake.config
-    os.environ.update(job_environment(config))   # HF_HOME; offline for embedded/tiny models (clemprm.config)
+    os.environ.update(job_environment(snakemake.config))   # HF_HOME; offline for embedded/tiny models (clemprm.config)
+    os.environ["CLEMPRM_LOG"] = str(snakemake.log[0])   # a vLLM server started by the job logs beside it
     log_file = open(snakemake.log[0], "a", buffering=1)
+    processes = int(snakemake.resources.get("processes", 1))
+    if processes > 1 and "LOCAL_RANK" not in os.environ:   # the job's first process: start the others
+        sys.exit(run_processes(processes, max(1, snakemake.threads // processes), log_file))
     sys.stderr = log_file
+    size = distributed.init_from_environment()
+    snakemake.threads = max(1, snakemake.threads // size)   # each process its share of the job's threads
+    where = f"rank {distributed.rank()}/{size} " if size > 1 else ""
     logging.basicConfig(level=logging.INFO, stream=log_file, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s {where}%(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
     logging.getLogger(__name__).info("rule %s: inputs %s -> outputs %s", snakemake.rule,
                                      list(snakemake.input), list(snakemake.output))
+
+
+def run_processes(processes: int, threads: int, log_file) -> int:
+    """Run this rule script (Snakemake's copy of it, with the job in its preamble) in ``processes`` processes on this
+    node through ``torchrun --standalone``, ``threads`` CPU threads each, their output in the rule log; returns
+    torchrun's exit status (a failing rank stops the others: the job fails with that rank's traceback in the log).
+    On a GPU node each process takes one GPU (``LOCAL_RANK``): give the job as many GPUs (docs/slurm.md)."""
+    script = getattr(sys.modules["__main__"], "__real_file__", None)
+    if script is None:
+        raise RuntimeError("processes > 1 needs a Snakemake `script:` rule (its copy of the script with the job)")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               script]
+    log_file.write(f"starting {processes} processes ({threads} CPU threads each): {' '.join(command)}\n")
+    return subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)}).returncode

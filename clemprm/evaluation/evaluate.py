@@ -31,7 +31,7 @@ import jsonschema
 import numpy as np
 import pandas as pd
 
-from clemprm import records, stats
+from clemprm import distributed, records, stats
 from clemprm.checks.run_time import (CONDITIONS, check_episodes, check_instances, failures_by_game, marks_metadata,
                                      read_failure_marks)
 from clemprm.config import provenance
@@ -39,7 +39,7 @@ from clemprm.models.loader import policy_settings
 from clemprm.models.logprob import LogprobScorer
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.clembench_tree import run_dir_name, write_results_tree
+from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.play.engine import Episode, RolloutEngine, Sampling
 from clemprm.search import RandomScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
@@ -171,13 +171,23 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     log.info("eval %s: %d %s instances x %d episodes, policy %s", name, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
     start = time.perf_counter()
-    # one stage name for every mode: the same episode seeds, so modes pair episode by episode
-    episodes = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"],
-                                base_seed=settings["seed"], stage="eval")
-    episodes, costs = play(mode, engine, episodes, scorer, eval_settings)
+    run_dir, infos = run_dir_name(policy.name, name), model_infos(policy, engine.sampling)
+    repeats = eval_settings["episodes_per_instance"]
+
+    def play_share(share: list) -> list[list[tuple[dict, dict | None]]]:
+        """This process's share of the instances, played: per instance, its episodes' rows and results-tree entries."""
+        # one stage name for every mode: the same episode seeds, so modes pair episode by episode
+        started = engine.start_all(share, [policy], repeats=repeats, base_seed=settings["seed"], stage="eval")
+        episodes, costs = play(mode, engine, started, scorer, eval_settings)
+        played = [({**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
+                    "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes},
+                   episode_entry(episode, run_dir, infos) if clembench_dir is not None else None)
+                  for episode, cost in zip(episodes, costs)]
+        return [played[index:index + repeats] for index in range(0, len(played), repeats)]
+
+    played = [pair for pairs in distributed.map_split(instances, play_share) for pair in pairs]
     seconds = time.perf_counter() - start
-    rows = [{**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
-             "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes} for episode, cost in zip(episodes, costs)]
+    rows = [row for row, _ in played]
     log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds,
              summarize(rows) if rows else "(no episode)")
     marks = split_marks + check_episodes(f"eval {name}", rows, on_failure)
@@ -186,9 +196,9 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
                           {**provenance(settings), "run": run, **marks_metadata(marks)})
     log.info("eval %s -> %s", name, output)
     if clembench_dir is not None:
-        tree = write_results_tree(clembench_dir, run_dir_name(policy.name, name), episodes, model=policy,
-                                  sampling=engine.sampling, info={"mode": name, "split": eval_settings["split"],
-                                                                  "wall_seconds": run["wall_seconds"]})
+        tree = write_results_tree(clembench_dir, run_dir, [entry for _, entry in played], infos=infos,
+                                  info={"mode": name, "split": eval_settings["split"],
+                                        "wall_seconds": run["wall_seconds"]})
         log.info("eval %s -> %s (clembench results tree)", name, tree)
     return rows
 

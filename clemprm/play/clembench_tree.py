@@ -54,6 +54,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from clemprm import distributed
 from clemprm.play.clemcore_setup import import_clemcore
 from clemprm.play.engine import Episode, Sampling
 
@@ -121,39 +122,48 @@ def episode_files(episode: Episode, run_dir: str, infos: dict) -> dict[str, dict
     return files
 
 
-def write_results_tree(results_dir: str | Path, run_dir: str, episodes: list[Episode], *, model,
-                       sampling: Sampling, info: dict | None = None) -> Path:
-    """Write ``episodes`` (played by ``model`` with ``sampling``, their records made) as the run folder
-    ``<results_dir>/<run_dir>`` (module docstring); ``info`` goes into ``run.json`` as ``clemprm``. Returns the
-    run folder."""
+def episode_entry(episode: Episode, run_dir: str, infos: dict) -> dict:
+    """What the run folder holds of one episode, as plain data (picklable: a job of several processes gathers the
+    entries of every rank's episodes, :mod:`clemprm.distributed`): its instance key, its experiment's settings, its
+    game's path and its files (:func:`episode_files`)."""
+    return {"key": episode.instance.key,
+            "experiment": {k: v for k, v in episode.instance.experiment.items() if k != "game_instances"},
+            "game_path": str(getattr(episode.benchmark, "game_path", "")),
+            "files": episode_files(episode, run_dir, infos)}
+
+
+def write_results_tree(results_dir: str | Path, run_dir: str, entries: list[dict], *, infos: dict,
+                       info: dict | None = None) -> Path:
+    """Write the :func:`episode_entry` of every episode (played by the model of ``infos``: :func:`model_infos`) as the
+    run folder ``<results_dir>/<run_dir>`` (module docstring); ``info`` goes into ``run.json`` as ``clemprm``. Returns
+    the run folder (written by rank 0 alone in a job of several processes)."""
     import_clemcore()
     from clemcore import get_version
 
     final = Path(results_dir) / run_dir
+    if not distributed.is_main():
+        return final
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    infos = model_infos(model, sampling)
-    several = any(count > 1 for count in Counter(episode.instance.key for episode in episodes).values())
+    several = any(count > 1 for count in Counter(tuple(entry["key"]) for entry in entries).values())
     repeats: Counter = Counter()
     games: dict[str, dict] = {}
-    for episode in episodes:
-        game, experiment_name, game_id = episode.instance.key
-        repeat = repeats[episode.instance.key]
-        repeats[episode.instance.key] += 1
+    for entry in entries:
+        key = tuple(entry["key"])
+        game, experiment_name, game_id = key
+        repeat = repeats[key]
+        repeats[key] += 1
         experiment_dir = tmp / game / experiment_name
         if not (experiment_dir / "experiment.json").exists():
-            store_json({**{k: v for k, v in episode.instance.experiment.items() if k != "game_instances"},
-                        "timestamp": datetime.now().isoformat(), "game_name": game, "player_models": infos},
-                       experiment_dir / "experiment.json")
+            store_json({**entry["experiment"], "timestamp": datetime.now().isoformat(), "game_name": game,
+                        "player_models": infos}, experiment_dir / "experiment.json")
         episode_dir = experiment_dir / episode_dir_name(game_id, repeat, several)
         if episode_dir.exists():
             raise ValueError(f"two episodes of {game}/{experiment_name}/{game_id} in one folder: {episode_dir.name}")
-        for name, data in episode_files(episode, run_dir, infos).items():
+        for name, data in entry["files"].items():
             store_json(data, episode_dir / name)
-        entry = games.setdefault(game, {"game_path": str(getattr(episode.benchmark, "game_path", "")),
-                                        "num_instances": 0})
-        entry["num_instances"] += 1
+        games.setdefault(game, {"game_path": entry["game_path"], "num_instances": 0})["num_instances"] += 1
     store_json({"clem_version": get_version(), "created": datetime.now().isoformat(), "player_models": infos,
                 "games": games, "clemprm": info or {}}, tmp / "run.json")
     if final.exists():

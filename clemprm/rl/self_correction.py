@@ -25,7 +25,7 @@ import pandas as pd
 
 from clemprm import records, stats
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.clembench_tree import run_dir_name, write_results_tree
+from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -103,10 +103,10 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
         if clembench_dir is not None:
             for attempt, attempt_episodes in episodes.items():
                 mode = f"{MODE}_{role}_attempt{attempt}"
-                write_results_tree(clembench_dir, run_dir_name(policy.name, mode), attempt_episodes, model=policy,
-                                   sampling=engine.sampling, info={"mode": MODE, "policy_role": role,
-                                                                   "attempt": attempt,
-                                                                   "split": eval_settings["split"]})
+                run_dir, infos = run_dir_name(policy.name, mode), model_infos(policy, engine.sampling)
+                write_results_tree(clembench_dir, run_dir, [episode_entry(e, run_dir, infos) for e in attempt_episodes],
+                                   infos=infos, info={"mode": MODE, "policy_role": role, "attempt": attempt,
+                                                      "split": eval_settings["split"]})
         stats = getattr(policy, "stats", None)
         run_policies[role] = {"name": policy.name, "adapter": adapters[role],
                               "wall_seconds": round(time.perf_counter() - role_start, 3),

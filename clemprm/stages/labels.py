@@ -49,7 +49,7 @@ import math
 import shutil
 from pathlib import Path
 
-from clemprm import records
+from clemprm import distributed, records
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn, marks_metadata
 from clemprm.config import provenance
@@ -138,33 +138,38 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
                   base_seed: int) -> list[dict]:
     """``rows`` each followed by its siblings: ``siblings - 1`` answers sampled from its prefix in one ``propose``
     call, of which the distinct ones that differ from the candidate are kept, each with the game's verdict on it
-    (``parse_ok``) and its own seed. An answer the policy or the game failed on is left out (logged)."""
-    before = states.states_before(rows)
-    for state, bp in zip(before, rows):  # fresh samples, not the played candidate again
-        state.seed = derive_seed(base_seed, "siblings", bp["bp_id"])
-    proposals = engine.propose(before, siblings - 1)
-    out, duplicates, failed = [], 0, 0
-    for bp, state, candidates in zip(rows, before, proposals):
-        out.append(bp)
-        seen = {bp["candidate"]}
-        for j, generation in enumerate(candidates, start=1):
-            if generation.error is None and generation.text in seen:
-                duplicates += 1
-                continue
-            played = state.fork()
-            engine.apply(played, generation)
-            if played.error is not None:
-                failed += 1
-                log.warning("branch point %s: sibling %d left out: %s", bp["bp_id"], j, played.error)
-                continue
-            seen.add(generation.text)
-            sibling_id = f"{bp['prefix_id']}/s{j}"
-            out.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
-                        "history": bp["history"][:-1] + [generation.text], "parse_ok": played.turns[-1]["parse_ok"],
-                        "seed": derive_seed(base_seed, "soft_labels", sibling_id)})
-    log.info("siblings: %d prefixes, %d sampled answers, %d kept, %d duplicates of an earlier sibling, %d failed",
-             len(rows), (siblings - 1) * len(rows), len(out) - len(rows), duplicates, failed)
-    return out
+    (``parse_ok``) and its own seed. An answer the policy or the game failed on is left out (logged). In a job of
+    several processes each samples the siblings of its share of ``rows``."""
+    def siblings_of_share(share: list[dict]) -> list[list[dict]]:
+        before = states.states_before(share)
+        for state, bp in zip(before, share):  # fresh samples, not the played candidate again
+            state.seed = derive_seed(base_seed, "siblings", bp["bp_id"])
+        proposals = engine.propose(before, siblings - 1)
+        groups, duplicates, failed = [], 0, 0
+        for bp, state, candidates in zip(share, before, proposals):
+            group, seen = [bp], {bp["candidate"]}
+            for j, generation in enumerate(candidates, start=1):
+                if generation.error is None and generation.text in seen:
+                    duplicates += 1
+                    continue
+                played = state.fork()
+                engine.apply(played, generation)
+                if played.error is not None:
+                    failed += 1
+                    log.warning("branch point %s: sibling %d left out: %s", bp["bp_id"], j, played.error)
+                    continue
+                seen.add(generation.text)
+                sibling_id = f"{bp['prefix_id']}/s{j}"
+                group.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
+                              "history": bp["history"][:-1] + [generation.text],
+                              "parse_ok": played.turns[-1]["parse_ok"],
+                              "seed": derive_seed(base_seed, "soft_labels", sibling_id)})
+            groups.append(group)
+        log.info("siblings: %d prefixes, %d sampled answers, %d kept, %d duplicates of an earlier sibling, %d failed",
+                 len(share), (siblings - 1) * len(share), sum(map(len, groups)) - len(share), duplicates, failed)
+        return groups
+
+    return [bp for group in distributed.map_split(rows, siblings_of_share) for bp in group]
 
 
 # ------------------------------------------------------------------------------------------ soft labels
@@ -415,6 +420,21 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
     return [rows[index] for index in sorted(rows) if rows[index] is not None]
 
 
+def label_chunk_split(engine: RolloutEngine, states: BranchPointStates, bps: list[dict], label_settings: dict,
+                      errors: ErrorCounts) -> list[dict]:
+    """:func:`label_chunk` of ``bps``; in a job of several processes each labels its share of the prefixes (a prefix
+    with all its siblings: one replay serves them) and every one gets all rows, in the order of ``bps``."""
+    prefixes = list(dict.fromkeys(bp["prefix_id"] for bp in bps))
+
+    def label_share(share: list[str]) -> list[list[dict]]:
+        mine = set(share)
+        rows = label_chunk(engine, states, [bp for bp in bps if bp["prefix_id"] in mine], label_settings, errors)
+        return [[row for row in rows if row["prefix_id"] == prefix] for prefix in share]
+
+    labelled = {row["bp_id"]: row for group in distributed.map_split(prefixes, label_share) for row in group}
+    return [labelled[bp["bp_id"]] for bp in bps if bp["bp_id"] in labelled]
+
+
 class ShardCheckpoint:
     """Finished chunks of a shard as parquet parts in ``<output>.ckpt/``, valid for one fingerprint only."""
 
@@ -475,7 +495,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
     branch_points = records.read_records(bp_path, records.BRANCH_POINTS, splits=records.LABEL_SPLITS)
     mine = shard_rows(branch_points, shard, shards)
     checkpoint = ShardCheckpoint(output, shard_fingerprint(settings, bp_path, shard, shards))
-    done = {row["bp_id"]: row for row in checkpoint.load()}
+    # rank 0 reads (and may discard) the checkpoint; every rank labels its share of what is left
+    done = {row["bp_id"]: row for row in distributed.from_main(checkpoint.load() if distributed.is_main() else None)}
     todo = [bp for bp in mine if bp["bp_id"] not in done]
     log.info("soft labels shard %d/%d: %d branch points, %d done in the checkpoint, %d to label (K=%d)",
              shard, shards, len(mine), len(done), len(todo), label_settings["k"])
@@ -489,7 +510,7 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
         states = BranchPointStates(engine, engine.catalog, policy, settings["seed"])
         step, errors = label_settings["checkpoint_every"], ErrorCounts()
         for start in range(0, len(todo), step):
-            rows = label_chunk(engine, states, todo[start:start + step], label_settings, errors)
+            rows = label_chunk_split(engine, states, todo[start:start + step], label_settings, errors)
             checkpoint.save(rows)
             done.update((row["bp_id"], row) for row in rows)
             log.info("soft labels shard %d/%d: %d/%d branch points labelled", shard, shards, len(done), len(mine))
@@ -498,7 +519,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
                         shard, shards, errors.lines())
     rows = [done[bp["bp_id"]] for bp in mine if bp["bp_id"] in done]
     records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
-    checkpoint.remove()
+    if distributed.is_main():
+        checkpoint.remove()
     return rows
 
 

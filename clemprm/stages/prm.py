@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from clemprm import records
+from clemprm import distributed, records
 from clemprm.models.generation import load_policy
 from clemprm.models.loader import load_tokenizer_and_model, policy_settings, resolve_dtype, resolve_quantization
 from clemprm.models.logprob import mean_logprobs
@@ -40,9 +40,9 @@ from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
 from clemprm.model_card import write_adapter_card
-from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite,
-                              keep_4bit_differentiable, lora_config, progress_callback, scratch_beside,
-                              split_instances, trainer_arguments, write_adapter)
+from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite, initial_evaluation,
+                              keep_4bit_differentiable, lora_config, progress_callback, shared_scratch_beside,
+                              split_instances, step_grouped, trainer_arguments, write_adapter)
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,11 @@ def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_
 
 
 def effective_grad_accum(batch_size: int, grad_accum: int, n_train: int) -> int:
-    """``grad_accum``, capped at the batches of one epoch so that every epoch makes at least one optimizer step."""
-    return max(1, min(grad_accum, math.ceil(n_train / batch_size)))
+    """``grad_accum``, capped at the batches of one epoch so that every epoch makes at least one optimizer step (a
+    multiple of the job's processes, which share the accumulation: :func:`clemprm.training.trainer_arguments`)."""
+    processes = distributed.world_size()
+    capped = min(grad_accum, math.ceil(n_train / batch_size))
+    return max(processes, capped - capped % processes)
 
 
 def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
@@ -117,7 +120,7 @@ def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, gr
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        **trainer_arguments(prm, seed=seed, output_dir=output_dir, device=device, dtype=dtype, grad_accum=grad_accum,
+        **trainer_arguments(prm, key="prm", seed=seed, output_dir=output_dir, device=device, dtype=dtype, grad_accum=grad_accum,
                             has_validation=has_validation, optimizer=OPTIMIZER_AUTO[device],
                             gradient_checkpointing=device == "cuda", weight_decay=0.0),
         label_names=["labels"], remove_unused_columns=False)
@@ -239,20 +242,20 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     callbacks = [progress_callback("prm")]
     if validation:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
-    trainer = _trainer_class()(
+    trainer = step_grouped(_trainer_class())(
         model=model, args=args,
         train_dataset=_as_dataset(train, by_state, label_weights(train, prm["label_weighting"])),
         eval_dataset=_as_dataset(validation, by_state, label_weights(validation, "none")) if validation else None,
         data_collator=_collator(tokenizer.pad_token_id), callbacks=callbacks, loss=prm["loss"],
         pairwise_weight=prm["pairwise_weight"])
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
-    initial = trainer.evaluate() if validation else None
     start = time.perf_counter()
     result = trainer.train()
     train_seconds = time.perf_counter() - start
     state = trainer.state
+    initial, log_history = initial_evaluation(state.log_history)
     history = [{k: v for k, v in row.items() if "token_accuracy" not in k}
-               for row in epoch_history(state.log_history, initial)]
+               for row in epoch_history(log_history, initial)]
     evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
     best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
     return trainer.model, {
@@ -388,7 +391,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     sides = {"train": train, "validation": validation, "heldout": heldout}
     ranked = "heldout" if heldout else "validation"
 
-    with scratch_beside(adapter_dir) as scratch:
+    with shared_scratch_beside(adapter_dir) as scratch:
         if train:
             model, training = _train(model, tokenizer, prm, seed, train, validation, str(scratch / "checkpoints"),
                                      device, resolve_dtype(cfg, device))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +49,9 @@ from clemprm.checks.run_time import check_not_empty, fail_or_warn, marks_metadat
 from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render_prompt
 from clemprm.model_card import write_adapter_card
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
-                              finish_metrics, finite, keep_4bit_differentiable, lora_config, progress_callback,
-                              sample_at_most, scratch_beside, split_instances, trainable_snapshot, trainer_arguments,
-                              untrained_reason, write_adapter)
+                              finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config, progress_callback,
+                              sample_at_most, shared_scratch_beside, split_instances, step_grouped,
+                              trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +187,7 @@ def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_v
         gradient_checkpointing = device == "cuda"
     optimizer = sft["optimizer"] if sft["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
     return SFTConfig(
-        **trainer_arguments(sft, seed=seed, output_dir=output_dir, device=device, dtype=dtype,
+        **trainer_arguments(sft, key="sft", seed=seed, output_dir=output_dir, device=device, dtype=dtype,
                             grad_accum=sft["grad_accum"], has_validation=has_validation, optimizer=optimizer,
                             gradient_checkpointing=gradient_checkpointing, weight_decay=sft["weight_decay"]),
         max_length=sft["max_length"], packing=False, completion_only_loss=True, assistant_only_loss=False)
@@ -267,7 +266,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         **marks_metadata(marks),
     }
 
-    with scratch_beside(adapter_dir) as scratch:
+    with shared_scratch_beside(adapter_dir) as scratch:
         if not train:
             # nothing to learn from (e.g. a base policy without wins): an untrained adapter (LoRA B = 0) is
             # exactly the base policy, so downstream stages still run; the metrics say so.
@@ -281,7 +280,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             callbacks = [progress_callback()]
             if validation:
                 callbacks.append(EarlyStoppingCallback(early_stopping_patience=sft["early_stopping_patience"]))
-            trainer = SFTTrainer(
+            trainer = step_grouped(SFTTrainer)(
                 model=model, args=args, train_dataset=_as_dataset(train),
                 eval_dataset=_as_dataset(validation) if validation else None, processing_class=tokenizer,
                 peft_config=None if cfg.adapter else lora_config(sft["lora"], "CAUSAL_LM"), callbacks=callbacks)
@@ -290,10 +289,6 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                 for param in trainer.model.parameters():
                     if param.requires_grad and param.dtype != torch.float32:
                         param.data = param.data.float()
-            initial = trainer.evaluate() if validation else None
-            if initial:
-                log.info("sft before training: eval loss %.4f, token accuracy %.3f", initial["eval_loss"],
-                         initial.get("eval_mean_token_accuracy", math.nan))
             before = trainable_snapshot(trainer.model)
             train_start = time.perf_counter()
             result = trainer.train()
@@ -305,7 +300,8 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                 marks.append(fail_or_warn("sft_adapter", f"the adapter did not train: {untrained}", on_failure,
                                           condition="adapter_not_trained", count=state.global_step))
                 metrics.update(marks_metadata(marks))
-            history = epoch_history(state.log_history, initial)
+            initial, log_history = initial_evaluation(state.log_history)
+            history = epoch_history(log_history, initial)
             evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
             best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
             last_step = next((e for e in reversed(state.log_history) if "num_tokens" in e), {})

@@ -65,13 +65,12 @@ def _snakemake(workdir: Path, *args: str, env: dict, limit_s: int = RUN_LIMIT_S)
 
 def _workdir(path: Path, cache_dir: Path, **overrides) -> Path:
     path.mkdir(parents=True)
-    config = workflow_test.tiny_workflow_config(str(cache_dir))  # the workflow test's tiny config, as it is
+    # the workflow test's tiny config, as it is, and the same input files (extra data, clembench games, instance list)
+    workflow_test.prepare_workdir(path, str(cache_dir))
+    config = yaml.safe_load((path / "tiny.yaml").read_text())
     for key, value in overrides.items():
         config.setdefault(key, {}).update(value)
     (path / "tiny.yaml").write_text(yaml.safe_dump(config))
-    extra = (config.get("sft") or {}).get("extra_data")
-    if extra and hasattr(workflow_test, "write_extra_interactions"):  # the same input files as that test
-        workflow_test.write_extra_interactions(path / extra)
     return path
 
 
@@ -93,7 +92,10 @@ def _submissions(output: str) -> list[dict]:
 def slurm_profile(slurm_cluster, tmp_path_factory):
     """The derived test profile, installed as `slurm` in a private XDG config folder; the env to use it."""
     root = tmp_path_factory.mktemp("profile")
-    derive_test_profile(root / "slurm-test", partition=slurm_cluster.partition)
+    # base_rollouts in 2 processes (torchrun inside its one job, gloo on this CPU): what a 2-GPU entry would ask for
+    profile = load_profile()
+    profile["set-resources"]["base_rollouts"] = {**profile["set-resources"]["base_rollouts"], "processes": 2}
+    derive_test_profile(root / "slurm-test", partition=slurm_cluster.partition, profile=profile)
     env = {**slurm_cluster.env, "XDG_CONFIG_HOME": str(root / "xdg"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     install = subprocess.run(["bash", str(REPO / "scripts/install_profile.sh"), "--profile",
@@ -194,6 +196,16 @@ def test_records_equal_those_of_a_local_run(runs):
         for key in a:
             assert a[key].shape == b[key].shape and math.isclose(
                 float(abs(a[key] - b[key]).max(initial=0.0)), 0.0, abs_tol=1e-6), (name, key)
+
+
+def test_a_rule_given_two_processes_runs_them_in_its_one_job(runs):
+    """base_rollouts with `processes: 2` in the profile: one SLURM job whose rule log shows both ranks; its records
+    equal the local one-process run's (test_records_equal_those_of_a_local_run)."""
+    assert [s["rule"] for s in runs["submissions"]].count("base_rollouts") == 1
+    log = (runs["slurm"] / "results/logs/base_rollouts.log").read_text()
+    assert "starting 2 processes" in log
+    assert "rank 0/2 INFO clemprm.stages.rollouts: base rollouts:" in log
+    assert "rank 1/2 INFO clemprm.stages.rollouts: base rollouts:" in log
 
 
 def test_jobs_use_the_configured_model_cache_not_results(runs):

@@ -1,0 +1,38 @@
+"""SFT and the PRM of the tiny model on a completed run's records, in as many processes as torchrun starts (or one,
+run plainly): tests/test_distributed.py runs it at world size 1 and 2 and compares the adapters.
+
+    python tests/distributed/train_job.py RUN_DIR OUT_DIR CACHE_DIR
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed/train_job.py RUN_DIR OUT_DIR CACHE_DIR
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+from clemprm import distributed
+from clemprm.config import load_config
+
+
+def main(run_dir: Path, out: Path, cache_dir: str) -> None:
+    distributed.init_from_environment()
+    logging.basicConfig(level=logging.INFO, format=f"rank {distributed.rank()}: %(name)s: %(message)s")
+    from clemprm.stages import prm, sft
+
+    # dropout 0: each process draws its own dropout masks, so weights compare only without it; grad_accum 2: one
+    # process accumulates 2 batches, two processes 1 each (the same effective batch); train sets of a multiple of
+    # the effective batch (4 SFT pairs, 16 PRM pairs): DDP fills an uneven last step with repeated examples
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0}
+    config = load_config(overrides={
+        "model": {"spec": "tiny:0", "threads": 1},
+        "sft": {"epochs": 2, "batch_size": 2, "grad_accum": 2, "max_examples": 4, "lr": 1e-2,
+                "validation_fraction": 0.25, "extra_data": str(run_dir / "extra.jsonl"), "lora": lora},
+        "prm": {"epochs": 2, "batch_size": 4, "grad_accum": 2, "max_examples": 16, "lr": 1e-2, "lora": lora}})
+    settings = {name: config[name] for name in ("seed", "model", "sft", "prm")}
+    sft.train_sft(settings, str(run_dir / "results/sft/sft_data.parquet"), str(out / "sft"),
+                  str(out / "sft_metrics.json"), cache_dir, on_failure="continue")
+    prm.train_prm(settings, str(run_dir / "results/labels/soft_labels.parquet"), str(out / "prm"),
+                  str(out / "prm_metrics.json"), cache_dir, on_failure="continue")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
