@@ -117,9 +117,14 @@ HUB_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 def job_environment(config: dict, environ=None) -> dict[str, str]:
     """The environment variables every job sets before torch and transformers are imported
     (:func:`clemprm.workflow.setup_job`): ``HF_HOME`` from ``hf_home``; where ``model.spec`` is an embedded or tiny
-    model, the hub's offline switches, unless ``environ`` (default: this process's) already sets them."""
+    model, the hub's offline switches, unless ``environ`` (default: this process's) already sets them; with the vllm
+    backend, where its server runs (``CLEMPRM_VLLM_SERVER``: :data:`VLLM_SERVER_KEYS`)."""
     environ = os.environ if environ is None else environ
     variables = {"HF_HOME": config["hf_home"]} if config.get("hf_home") else {}
+    generation = config.get("generation") or {}
+    if generation.get("backend") == "vllm":   # where the server runs (clemprm.models.vllm_backend.vllm_settings)
+        variables["CLEMPRM_VLLM_SERVER"] = json.dumps({key: generation["vllm"][key] for key in VLLM_SERVER_KEYS
+                                                       if key in generation["vllm"]})
     if config["model"]["spec"].strip().startswith(OFFLINE_SPECS):
         variables.update({name: "1" for name in HUB_OFFLINE_VARIABLES if name not in environ})
     return variables
@@ -200,11 +205,35 @@ def sections(config: dict, *names: str) -> dict:
     return sorted_dict({name: config[name] for name in names})
 
 
+# generation.vllm keys that say where and how the server runs, not what it computes: not rerun triggers; the jobs get
+# them from the environment (job_environment), as they get HF_HOME
+VLLM_SERVER_KEYS = ("url", "python", "startup_timeout_s", "kv_cache_gb", "concurrency")
+
+
+def policy_model(config: dict) -> dict:
+    """The ``model`` section of a stage whose policy generates: with ``generation.backend: vllm``, the backend and the
+    server settings that can change what it computes are in it (what :class:`clemprm.models.loader.ModelConfig`
+    reads), so switching the backend reruns the stages that generate and no other; with the ``engine`` backend it is
+    the ``model`` section as it is."""
+    generation = config.get("generation") or {"backend": "engine"}
+    if generation["backend"] == "engine":
+        return config["model"]
+    computing = {key: value for key, value in generation["vllm"].items() if key not in VLLM_SERVER_KEYS}
+    return sorted_dict({**config["model"], "backend": generation["backend"], "vllm": computing})
+
+
+def policy_sections(config: dict, *names: str) -> dict:
+    """:func:`sections` of a rule whose policy generates (its ``model`` section: :func:`policy_model`)."""
+    params = sections(config, *names)
+    params["model"] = policy_model(config)
+    return params
+
+
 def eval_mode_params(config: dict, mode: str) -> dict:
     """An evaluation mode's ``params`` (its rerun trigger): seed, model, games, the eval keys it plays by and the
     sections it reads (:data:`clemprm.modes.MODES`; ``rl``: its algorithm's, as :func:`rl_params` gives it)."""
     spec = MODES[mode]
-    params = sections(config, "seed", "model", "games", *(name for name in spec.sections if name != "rl"))
+    params = policy_sections(config, "seed", "model", "games", *(name for name in spec.sections if name != "rl"))
     params["eval"] = {key: config["eval"][key] for key in spec.keys}
     if "rl" in spec.sections:
         params["rl"] = rl_params(config, spec.algorithm)["rl"]
@@ -218,7 +247,7 @@ def rl_params(config: dict, algorithm: str) -> dict:
     other algorithm's stage."""
     rl = {key: value for key, value in config["rl"].items()
           if key != "algorithms" and (key != "prime" or algorithm == "prime")}
-    return sorted_dict({"seed": config["seed"], "model": config["model"], "games": config["games"],
+    return sorted_dict({"seed": config["seed"], "model": policy_model(config), "games": config["games"],
                         "rl": {**rl, "algorithm": algorithm}})
 
 

@@ -10,7 +10,7 @@ rule branch_points:
         episodes="results/labels/sft_train_episodes.parquet",
         branch_points="results/labels/branch_points.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "branch_points"),
+        settings=policy_sections(config, "seed", "model", "games", "branch_points"),
     log:
         "results/logs/branch_points.log",
     benchmark:
@@ -33,7 +33,7 @@ rule soft_labels:
         shard=r"\d+",
         shards=r"\d+",
     params:
-        settings=sections(config, "seed", "model", "games", "labels"),
+        settings=policy_sections(config, "seed", "model", "games", "labels"),
     log:
         "results/logs/soft_labels/{shard}-of-{shards}.log",
     benchmark:

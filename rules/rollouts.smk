@@ -8,7 +8,7 @@ rule base_rollouts:
     output:
         "results/rollouts/base_train.parquet",
     params:
-        settings=sections(config, "seed", "model", "games", "base_rollouts"),
+        settings=policy_sections(config, "seed", "model", "games", "base_rollouts"),
     log:
         "results/logs/base_rollouts.log",
     benchmark:

@@ -20,7 +20,7 @@ rule score_adapter:
         adapter=directory("results/score/adapter"),
         metrics="results/score/metrics.json",
     params:
-        settings=sections(config, "seed", "model", "games", "score"),
+        settings=policy_sections(config, "seed", "model", "games", "score"),
     log:
         "results/logs/score_adapter.log",
     benchmark:

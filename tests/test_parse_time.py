@@ -228,3 +228,12 @@ def test_check_config_names_the_config_file_that_is_not_valid_yaml(tmp_path, cap
     assert "config key 'labels.k': 4.0 is not of type 'integer'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="config file bad.yaml: not valid YAML"):
         load_config(["good.yaml", "bad.yaml"])
+
+
+def test_the_vllm_backend_needs_a_server_or_a_python_to_start_one(tmp_path):
+    assert "set generation.vllm.url (a running vLLM server) or generation.vllm.python" in problems_of(
+        generation={"backend": "vllm"})
+    assert f"generation.vllm.python: {tmp_path}/none is not an executable file" in problems_of(
+        generation={"backend": "vllm", "vllm": {"python": str(tmp_path / "none")}})
+    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"url": "http://h:8000"}}}))
+    check_config_inputs(load_config(overrides={"generation": {"backend": "engine"}}))

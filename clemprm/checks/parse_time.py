@@ -48,6 +48,7 @@ def check_config_inputs(config: dict) -> None:
     problems += cache_dir_problems(config.get("cache_dir"))
     problems += clembench_problems(config["games"])
     problems += experiment_problems(config["games"])
+    problems += generation_problems(config.get("generation") or {})
     if problems:
         raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
 
@@ -136,6 +137,23 @@ def adapter_problems(adapter: str | None, key: str) -> list[str]:
     if not any(os.path.isfile(os.path.join(folder, name)) for name in ADAPTER_WEIGHTS):
         problems.append(f"{key}: adapter folder {adapter} holds no weights ({', '.join(ADAPTER_WEIGHTS)})")
     return problems
+
+
+def generation_problems(generation: dict) -> list[str]:
+    """The vllm backend needs a server: a URL, or a Python that can start one (vLLM importable there is checked when
+    the job starts it: importing vLLM takes seconds)."""
+    if generation.get("backend") != "vllm":
+        return []
+    vllm = generation.get("vllm") or {}
+    if vllm.get("url"):
+        return []
+    python = vllm.get("python")
+    if not python:
+        return ["generation.backend vllm: set generation.vllm.url (a running vLLM server) or generation.vllm.python "
+                "(the Python of a virtualenv with vLLM: bash scripts/setup_vllm.sh makes one; docs/vllm.md)"]
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return [f"generation.vllm.python: {python} is not an executable file (the Python of a virtualenv with vLLM)"]
+    return []
 
 
 def cache_dir_problems(cache_dir: str | None) -> list[str]:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from clemprm.models import gated_delta
-from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_generation_config, load_tokenizer_and_model
 from clemprm.models.scoring import Counters, common_prefix_length
 from clemprm.play.chat import end_token_ids, render_prompt
 from clemprm.play.clemcore_setup import import_clemcore_backends
@@ -775,13 +775,16 @@ class PolicyModel(_backends.BatchGenerativeModel):
         super().__init__(ModelSpec(model_name=name or cfg.short_name, model_id=cfg.spec, backend="clemprm",
                                    adapter=cfg.adapter))
         self.cfg = cfg
-        if model is None or tokenizer is None:
-            tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
+        if cfg.backend == "vllm" and tokenizer is None:   # the server holds the weights: the tokenizer alone here
+            tokenizer, generation_config = load_tokenizer_and_generation_config(cfg)
+        else:
+            if model is None or tokenizer is None:
+                tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
+            generation_config = getattr(model, "generation_config", None)
         self.tokenizer, self.model = tokenizer, model
         self.temperature_default = float(temperature)
         self.top_p_default = float(top_p)
         self.max_new_tokens_default = int(max_new_tokens)
-        generation_config = getattr(model, "generation_config", None)
         self.top_k_default = int(top_k if top_k is not None else
                                  (getattr(generation_config, "top_k", None) or DEFAULT_TOP_K))
         self.set_gen_args(temperature=self.temperature_default, max_tokens=self.max_new_tokens_default,
@@ -790,11 +793,16 @@ class PolicyModel(_backends.BatchGenerativeModel):
         if ignored:
             log.warning("%s: generation config settings not applied by clemprm's decoder: %s", self.name, ignored)
         eos_ids = end_token_ids(tokenizer, generation_config)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-        self.decoder = Decoder(model, eos_token_ids=eos_ids, pad_token_id=pad,
-                               sequence_bias=sequence_bias_of(generation_config),
-                               generation_prompt=self._generation_prompt_ids(),
-                               prefix_store_bytes=cfg.prefix_cache_mb << 20)
+        if cfg.backend == "vllm":
+            from clemprm.models.vllm_backend import vllm_decoder
+
+            self.decoder = vllm_decoder(cfg, eos_ids, sequence_bias=sequence_bias_of(generation_config))
+        else:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+            self.decoder = Decoder(model, eos_token_ids=eos_ids, pad_token_id=pad,
+                                   sequence_bias=sequence_bias_of(generation_config),
+                                   generation_prompt=self._generation_prompt_ids(),
+                                   prefix_store_bytes=cfg.prefix_cache_mb << 20)
         self.stats = GenerationStats()
 
     # clemcore's Model reads these through gen_args
@@ -873,11 +881,16 @@ class PolicyModel(_backends.BatchGenerativeModel):
         if todo:
             decoded = self.decoder.generate([prompts[i] for i in todo], params, [seeds[i] for i in todo],
                                             token_budget=self.cfg.token_budget)
-            for i, (new_ids, reason) in zip(todo, decoded):
+            # (new ids, finish reason), and with the vllm backend the sampled tokens' log-probs
+            for i, (new_ids, reason, *logprobs) in zip(todo, decoded):
+                if new_ids is None:   # a request the vLLM server refused: ``reason`` says why
+                    out[i] = Generation("", "", len(prompts[i]), 0, error=reason, finish_reason="error")
+                    continue
                 raw = self.tokenizer.decode(new_ids, skip_special_tokens=True)
                 out[i] = Generation(text=strip_thinking(raw, inside_think=prompt_opens_think(texts[i])),
                                     raw_text=raw, prompt_tokens=len(prompts[i]), new_tokens=len(new_ids),
-                                    finish_reason=reason, prompt_ids=prompts[i], token_ids=new_ids)
+                                    finish_reason=reason, prompt_ids=prompts[i], token_ids=new_ids,
+                                    logprobs=logprobs[0] if logprobs else None)
         self.stats.calls += 1
         self.stats.prompts += n
         self.stats.prompt_tokens += sum(len(p) for p in prompts.values())

@@ -62,6 +62,9 @@ TASKS = ("causal-lm", "seq-cls")
 # ----------------------------------------------------------------------------------------------- config
 
 
+BACKENDS = ("engine", "vllm")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """How to load the policy/PRM base model; built from the config's ``model`` section."""
@@ -76,6 +79,10 @@ class ModelConfig:
     max_context_tokens: int = 2048
     prefix_cache_mb: int = 1024
     cache_dir: str | None = None
+    # what generates (the config's generation section, in the model section of the rules that generate:
+    # clemprm.config.policy_model): clemprm's decoder, or a vLLM server (clemprm.models.vllm_backend)
+    backend: str = "engine"
+    vllm: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.spec, str) or not self.spec.strip():
@@ -91,6 +98,8 @@ class ModelConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"model {key} must be an integer >= {minimum}, got {value!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"generation backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.chat_template_kwargs, dict):
             raise ValueError(f"model chat_template_kwargs must be a mapping, got {self.chat_template_kwargs!r}")
 
@@ -575,6 +584,19 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     return tokenizer, model
 
 
+
+
+def load_tokenizer_and_generation_config(cfg: ModelConfig):
+    """The tokenizer and the generation config (None when the folder has none) of ``cfg``'s model, without its
+    weights: what a policy needs when a vLLM server holds the weights (:mod:`clemprm.models.vllm_backend`)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path = resolve_model_dir(cfg)
+    try:
+        generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation_config = None
+    return AutoTokenizer.from_pretrained(path), generation_config
 
 
 def policy_settings(model_settings: dict, adapter: str | None) -> dict:

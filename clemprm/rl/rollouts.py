@@ -119,7 +119,8 @@ def play_groups(engine: RolloutEngine, policy, instances: list[Instance], episod
                 tokens += generation.new_tokens
                 if len(episode.turns) > before and generation.token_ids:
                     played[i].append((episode.turns[-1]["player"], len(episode.turns) - 1,
-                                      Turn(list(generation.prompt_ids), list(generation.token_ids))))
+                                      Turn(list(generation.prompt_ids), list(generation.token_ids),
+                                           sampler_logprobs=generation.logprobs)))
         live = [i for i in live if not episodes[i].done]
         progress.update(len(episodes) - len(live), turns, tokens, force=not live)
 
@@ -176,7 +177,7 @@ def collect_state_groups(engine: RolloutEngine, policy, states: list[tuple[Insta
         sequence = Sequence(episode.episode_id, "", success=bool(row["success"]))
         if len(episode.turns) > before and candidates and candidates[0].token_ids:
             generation = candidates[0]
-            turn = Turn(list(generation.prompt_ids), list(generation.token_ids))
+            turn = Turn(list(generation.prompt_ids), list(generation.token_ids), sampler_logprobs=generation.logprobs)
             turn.reward, turn.scores = turn_reward_of(episode)[before]
             sequence.player, sequence.reward = episode.turns[before]["player"], turn.reward
             sequence.turns.append(turn)

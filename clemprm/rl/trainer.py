@@ -46,12 +46,16 @@ this module's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+from clemprm import distributed
 from clemprm.checks.run_time import check_episodes, marks_metadata
 from clemprm.modes import RL_ALGORITHMS
 from clemprm.play.catalog import GameCatalog, Instance, _round_robin
@@ -267,14 +271,16 @@ def turn_score_summary(turns: list[Turn]) -> dict:
 
 
 def record_sampler_logprobs(model, groups: list[Group], compute_dtype=None) -> None:
-    """Every played turn's ``sampler_logprobs``: its tokens' log-probabilities under ``model`` as it is now (the
-    weights that sampled them, eval mode, no gradients): the importance-sampling loss's denominator."""
+    """Every played turn's ``sampler_logprobs`` the sampler did not return (the vllm backend does): its tokens'
+    log-probabilities under ``model`` as it is now (the weights that sampled them, eval mode, no gradients): the
+    importance-sampling loss's denominator."""
     with torch.no_grad():
         for group in groups:
             for sequence in group.sequences:
                 for turn in sequence.turns:
-                    turn.sampler_logprobs = answer_logprobs(model, turn.prompt_ids, turn.completion_ids,
-                                                            compute_dtype).tolist()
+                    if turn.sampler_logprobs is None:
+                        turn.sampler_logprobs = answer_logprobs(model, turn.prompt_ids, turn.completion_ids,
+                                                                compute_dtype).tolist()
 
 
 class RLTrainer:
@@ -286,6 +292,9 @@ class RLTrainer:
         from clemprm.models.loader import resolve_dtype
         from clemprm.training import device_name
 
+        if distributed.world_size() > 1:   # rollouts and updates are not split over processes yet (docs/slurm.md)
+            raise ValueError(f"the RL trainer (rl_adapter, score_adapter) runs in one process; this job has "
+                             f"{distributed.world_size()}: set the rule's `processes` resource to 1")
         self.settings, self.rl, self.seed = settings, settings["rl"], int(settings["seed"])
         self.model, self.tokenizer = model, tokenizer
         self.device = device_name()
@@ -295,6 +304,9 @@ class RLTrainer:
         self.policy = PolicyModel(model_cfg, name=f"{model_cfg.short_name}+rl", tokenizer=tokenizer, model=model,
                                   temperature=rl["temperature"], top_p=rl["top_p"], max_new_tokens=rl["max_new_tokens"])
         self.engine = RolloutEngine(catalog, self.sampling)
+        # the vllm backend: a server generates; after each optimizer step it gets the policy adapter as it is now
+        self.served_adapter = tempfile.TemporaryDirectory(prefix="clemprm-rl-adapter-") \
+            if model_cfg.backend == "vllm" else None
         # SCoRe passes its own episode reward (clemprm.rl.score); a per-turn source of rl.reward rewards each turn
         self.turn_reward_of = None if reward_of else turn_reward_function(rl["reward"])
         self.reward_of = reward_of or (None if self.turn_reward_of else reward_function(rl["reward"]))
@@ -321,8 +333,16 @@ class RLTrainer:
         """Groups of episodes of ``instances`` (``rl.data: states``: ``(instance, state)`` pairs) played by the
         current policy (no gradients, eval mode); with the importance-sampling loss, the sampler's log-probs."""
         self.model.eval()
-        self.policy.decoder.forget_conversations()   # states of the previous weights are stale
-        with merged_for_generation(self.model, POLICY_ADAPTER):
+        if self.served_adapter is not None:   # the server generates with the adapter written as it is now
+            folder = Path(self.served_adapter.name) / "rl-policy"   # served as rl-policy-<digest of the weights>
+            write_adapter(self.model, self.policy.cfg.spec, folder, [POLICY_ADAPTER])
+            # PEFT's layout: the default adapter at the top, a named one in its sub-folder
+            self.policy.decoder.serve_adapter(folder if POLICY_ADAPTER == "default" else folder / POLICY_ADAPTER)
+            generating = contextlib.nullcontext()
+        else:
+            self.policy.decoder.forget_conversations()   # states of the previous weights are stale
+            generating = merged_for_generation(self.model, POLICY_ADAPTER)
+        with generating:
             if self.rl["data"] == "states":
                 groups = collect_state_groups(self.engine, self.policy, instances, self.rl["group_size"],
                                               base_seed=self.seed, step=step, sampling=self.sampling,
@@ -374,6 +394,8 @@ class RLTrainer:
             "policy_turns": len(turns), "tokens": {"generated": sum(len(t.completion_ids) for t in turns),
                                                    "trained": update.pop("trained_tokens")},
             **update, **turn_score_summary(turns),
+            # the vllm backend: the name the step's rollouts were generated under (a new one after weights changed)
+            **({"served_adapter": self.policy.decoder.model_name} if self.served_adapter is not None else {}),
             "seconds": {"rollouts": round(rollout_seconds, 3),
                         "update": round(time.perf_counter() - start - rollout_seconds, 3)},
         }

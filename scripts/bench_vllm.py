@@ -1,0 +1,136 @@
+"""The two generation backends side by side on the embedded SmolLM2: clemprm's decoder (``engine``) and a vLLM server
+(``vllm``: vLLM's CPU build here, fp32 and bf16), on the same prompts and settings.
+
+1. decoding speed: generated tokens/s at each batch size, every row generating exactly ``--new-tokens`` tokens
+   (end tokens suppressed on both: ``ignore_eos`` on vLLM, ``min_new_tokens`` on the engine), T 0.7 / top-p 0.9 /
+   top-k 50, interleaved runs A B A B, the best of ``--repeats``;
+2. greedy agreement: the share of greedy answers (natural length, 32 tokens) that are token-identical;
+3. real workloads: the embedded default's ``base_rollouts`` and one ``soft_labels`` shard (on the base policy's
+   branch points) through each backend: seconds and record counts.
+
+    python scripts/bench_vllm.py --vllm-python .venv-vllm/bin/python
+    python scripts/bench_vllm.py --vllm-python .venv-vllm/bin/python --batch-sizes 32,128 --skip-workloads
+
+Measure on a quiet machine: vLLM's spinning threads win a contended CPU, so figures under load flip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_generation import make_prompts  # noqa: E402
+
+from clemprm.config import job_environment, load_config, policy_model  # noqa: E402
+from clemprm.models.generation import PolicyModel, SamplingParams  # noqa: E402
+from clemprm.models.loader import ModelConfig, resolve_model_dir  # noqa: E402
+from clemprm.models.vllm_backend import VLLMServer, vllm_settings  # noqa: E402
+
+
+def engine_speed(policy: PolicyModel, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Tokens/s of the engine's decoder with every row running to max_new_tokens (``min_new_tokens``)."""
+    fixed = SamplingParams(**{**params.__dict__, "min_new_tokens": params.max_new_tokens})
+    start = time.perf_counter()
+    out = policy.decoder.generate(prompts, fixed, list(range(len(prompts))), token_budget=policy.cfg.token_budget)
+    return sum(len(ids) for ids, _ in out) / (time.perf_counter() - start)
+
+
+def vllm_speed(server: VLLMServer, prompts: list[list[int]], params: SamplingParams) -> float:
+    from clemprm.models.vllm_backend import VLLMDecoder
+
+    decoder = VLLMDecoder(server, server.served_name, eos_token_ids=[], concurrency=256)
+    decoder.request_extras = {"ignore_eos": True}
+    start = time.perf_counter()
+    out = decoder.generate(prompts, params, list(range(len(prompts))))
+    seconds = time.perf_counter() - start
+    return sum(len(ids or []) for ids, _, _ in out) / seconds
+
+
+def workloads(python: str, cache_dir: str, work: Path, threads: int) -> None:
+    """base_rollouts and one soft_labels shard of the embedded default through each backend."""
+    from clemprm import records
+    from clemprm.stages import labels, rollouts
+
+    print("\n== real workloads (the embedded default's settings)", flush=True)
+    for backend in ("engine", "vllm"):
+        overrides = {"model": {"threads": threads}, "generation": {"backend": backend,
+                                                                   "vllm": {"python": python, "kv_cache_gb": 2}}}
+        config = {**load_config(overrides=overrides), "cache_dir": cache_dir}
+        os.environ.update(job_environment(config))
+        os.environ["CLEMPRM_LOG"] = str(work / f"{backend}.log")
+        settings = {"seed": config["seed"], "games": config["games"], "model": policy_model(config)}
+        start = time.perf_counter()
+        rows = rollouts.base_rollouts({**settings, "base_rollouts": config["base_rollouts"]},
+                                      str(work / f"{backend}-rollouts.parquet"), cache_dir)
+        rollout_s = time.perf_counter() - start
+        if backend == "engine":   # the branch points both shards label: the base policy's, made once
+            labels.branch_points({**settings, "branch_points": config["branch_points"]}, None,
+                                 str(work / "episodes.parquet"), str(work / "branch_points.parquet"), cache_dir)
+        shards = config["labels"]["shards"]
+        start = time.perf_counter()
+        shard = labels.soft_labels_shard({**settings, "labels": config["labels"]}, str(work / "branch_points.parquet"),
+                                         None, 0, shards, str(work / f"{backend}-shard.parquet"), cache_dir)
+        shard_s = time.perf_counter() - start
+        print(f"{backend:6s} base_rollouts {rollout_s:7.1f} s ({len(rows)} episodes, "
+              f"{sum(row['error'] is not None for row in rows)} errors) | soft_labels shard 0/{shards} "
+              f"{shard_s:7.1f} s ({len(shard)} labels of "
+              f"{len(labels.shard_rows(records.read_records(work / 'branch_points.parquet'), 0, shards))} branch "
+              f"points)" + (" (server start included)" if backend == "vllm" else ""), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm-python", required=True, help="the Python of the vLLM virtualenv")
+    parser.add_argument("--batch-sizes", default="32,128")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--skip-workloads", action="store_true")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    cfg = ModelConfig(threads=args.threads, cache_dir=args.cache_dir)
+    policy = PolicyModel(cfg)
+    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    servers = {dtype: VLLMServer(resolve_model_dir(cfg), settings=vllm_settings({"python": args.vllm_python,
+                                                                                 "kv_cache_gb": 2}),
+                                 dtype=dtype, max_model_len=3072, seed=0, max_lora_rank=16,
+                                 log_path=work / f"vllm-{dtype}.log")
+               for dtype in ("float32", "bfloat16")}
+    try:
+        sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=args.new_tokens)
+        print(f"== decoding speed, tokens/s ({args.new_tokens} new tokens per row, T 0.7 / top-p 0.9 / top-k 50)")
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(batch, 67, policy)]
+            best = {"engine": 0.0, "vllm float32": 0.0, "vllm bfloat16": 0.0}
+            for _ in range(args.repeats):   # A B C A B C
+                best["engine"] = max(best["engine"], engine_speed(policy, prompts, sampling))
+                for dtype, server in servers.items():
+                    best[f"vllm {dtype}"] = max(best[f"vllm {dtype}"], vllm_speed(server, prompts, sampling))
+            print(f"batch {batch:4d} | " + " | ".join(f"{name} {value:7.1f}" for name, value in best.items())
+                  + f" | vllm fp32 / engine {best['vllm float32'] / best['engine']:.2f}", flush=True)
+        greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=32)
+        prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(64, 67, policy)]
+        from clemprm.models.vllm_backend import VLLMDecoder
+        engine_out = policy.decoder.generate(prompts, greedy, list(range(64)), token_budget=cfg.token_budget)
+        vllm_out = VLLMDecoder(servers["float32"], "base", eos_token_ids=policy.decoder.eos,
+                               concurrency=64).generate(prompts, greedy, list(range(64)))
+        same = sum(a[0] == b[0] for a, b in zip(engine_out, vllm_out))
+        print(f"\n== greedy agreement (fp32, 64 prompts, up to 32 tokens): {same}/64 answers token-identical", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    if not args.skip_workloads:
+        workloads(args.vllm_python, args.cache_dir, work, args.threads)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}; work folder {work}")
+
+
+if __name__ == "__main__":
+    main()

