@@ -594,6 +594,10 @@ def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_th
     ({"clembench_games": ["pair"], "instances_files": {"pair": "instances_v9"}},
      "instances_v9.json (games.instances_files) does not exist (available in"),
     ({"clembench_games": ["pair"], "instances_files": {"alpha": "instances"}}, "games.instances_files names 'alpha'"),
+    ({"clembench_games": ["pair"], "instances_files": {"pair": "../../family/in/instances"}},
+     "instances file '../../family/in/instances' (games.instances_files) is not a file of"),
+    ({"clembench_games": ["pair"], "instances_files": {"pair": "/etc/passwd"}},
+     "instances file '/etc/passwd' (games.instances_files) is not a file of"),
     ({"clembench_games": ["needs_package"]}, "game 'needs_package' imports clemprm_fixture_missing_package, not "
                                              "installed here"),
     ({"clembench_games": ["needs_data"]}, "game 'needs_data' needs the NLTK data clemprm_fixture_data, which NLTK "

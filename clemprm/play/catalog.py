@@ -108,6 +108,10 @@ def instances_file(game_dir: Path, spec: dict, chosen: str | None = None) -> Pat
     spec names (``instances``, default ``instances``), as clemcore's ``GameInstances.from_game_spec`` reads it."""
     name = chosen or spec.get("instances") or "instances"
     path = game_dir / "in" / (name if name.endswith(".json") else f"{name}.json")
+    if (game_dir / "in").resolve() not in path.resolve().parents:   # a name, not a path out of the game folder
+        source = "games.instances_files" if chosen else "its clemgame.json"
+        raise ValueError(f"game {spec['game_name']!r}: instances file {name!r} ({source}) is not a file of "
+                         f"{game_dir / 'in'}: give the name of one of its files (e.g. instances_v2.0_en)")
     if not path.is_file():
         available = sorted(p.stem for p in (game_dir / "in").glob("*.json"))
         source = "games.instances_files" if chosen else "its clemgame.json"
