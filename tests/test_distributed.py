@@ -80,6 +80,18 @@ def test_a_failing_rank_fails_the_job_with_its_error(tmp_path):
     assert not (tmp_path / "out.txt").exists()
 
 
+def test_two_processes_build_a_model_folder_once_and_both_load_it(tmp_path):
+    """An empty model cache (a fresh cluster job): rank 0 builds the tiny model's folder, rank 1 waits; a folder built
+    by rank 1 would lack the weights and config, which transformers writes on rank 0 alone."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/distributed/load_policy_job.py"), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "rank 0 loaded tiny-0" in done.stdout and "rank 1 loaded tiny-0" in done.stdout
+    assert (tmp_path / "cache/models/tiny-qwen3_5-seed0-v1/config.json").is_file()
+
+
 def adapter_weights(folder: Path) -> dict:
     from safetensors.torch import load_file
 

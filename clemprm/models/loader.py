@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clemprm import distributed
 from clemprm.play.chat import end_token_ids
 
 log = logging.getLogger(__name__)
@@ -214,12 +215,21 @@ def _file_lock(path: Path):
 
 
 def _materialise(final: Path, build) -> Path:
-    """Build ``final`` with ``build(tmp_dir)`` in a temp folder beside it, then rename it into place."""
+    """Build ``final`` with ``build(tmp_dir)`` in a temp folder beside it, then rename it into place. In a job of
+    several processes rank 0 builds it and the others wait (transformers saves a model's weights and config on rank 0
+    alone: a folder another rank built would lack them)."""
+    if distributed.is_main():
+        _build_once(final, build)
+    distributed.barrier()
+    return final
+
+
+def _build_once(final: Path, build) -> None:
     if _is_complete(final):
-        return final
+        return
     with _file_lock(final.parent / f".{final.name}.lock"):
         if _is_complete(final):  # another process built it while we waited
-            return final
+            return
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
             info = build(tmp) or {}
@@ -233,7 +243,6 @@ def _materialise(final: Path, build) -> Path:
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 def embedded_gguf_path(name: str) -> Path:
