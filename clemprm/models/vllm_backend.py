@@ -91,6 +91,17 @@ def _error_text(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def exit_on_sigterm() -> None:
+    """Let SIGTERM (a cancelled or timed-out job) end this process through ``sys.exit``, so the atexit hook stops the
+    server it started; Python's default would die at once and leave the server running. Only where nothing else
+    handles SIGTERM. (SIGKILL cannot be caught: on SLURM the job's cgroup ends the server then.)"""
+    import sys
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 class VLLMServer:
     """A vLLM OpenAI-compatible server: started here (``python -m vllm.entrypoints.openai.api_server``) or, with a
     ``url``, one that runs elsewhere. ``served_name`` is the base model's name in requests."""
@@ -122,6 +133,7 @@ class VLLMServer:
             self.process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         atexit.register(self.stop)
+        exit_on_sigterm()
         self._wait_until_healthy(settings["startup_timeout_s"])
 
     def _first_model(self) -> str:
