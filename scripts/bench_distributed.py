@@ -97,7 +97,9 @@ def agreement(task: str, one: Path, two: Path) -> str:
         return f"adapter max abs difference {max((a[k] - b[k]).abs().max().item() for k in a):.2e}"
     name, schema = (("labels.parquet", records.SOFT_LABELS) if task == "soft_labels"
                     else ("eval.parquet", records.EVAL_EPISODES))
-    a, b = (records.read_records(path / name, schema) for path in (one, two))
+    # as JSON text: NaN (the bench score of an aborted episode) equals NaN
+    a, b = ([json.dumps(row, sort_keys=True, default=str) for row in records.read_records(path / name, schema)]
+            for path in (one, two))
     return f"{sum(x == y for x, y in zip(a, b))}/{len(a)} records identical" + ("" if len(a) == len(b) else
                                                                                 f" ({len(b)} vs {len(a)} rows)")
 
