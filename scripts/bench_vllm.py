@@ -3,7 +3,7 @@
 
 1. decoding speed: generated tokens/s at each batch size, every row generating exactly ``--new-tokens`` tokens
    (end tokens suppressed on both: ``ignore_eos`` on vLLM, ``min_new_tokens`` on the engine), T 0.7 / top-p 0.9 /
-   top-k 50, interleaved runs A B A B, the best of ``--repeats``;
+   top-k 50, the best of ``--repeats``, each backend alone on the machine (an idle vLLM CPU server's threads spin);
 2. greedy agreement: the share of greedy answers (natural length, 32 tokens) that are token-identical;
 3. real workloads: the embedded default's ``base_rollouts`` and one ``soft_labels`` shard (on the base policy's
    branch points) through each backend: seconds and record counts.
@@ -99,34 +99,44 @@ def main() -> None:
     cfg = ModelConfig(threads=args.threads, cache_dir=args.cache_dir)
     policy = PolicyModel(cfg)
     work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-    servers = {dtype: VLLMServer(resolve_model_dir(cfg), settings=vllm_settings({"python": args.vllm_python,
-                                                                                 "kv_cache_gb": 2}),
-                                 dtype=dtype, max_model_len=3072, seed=0, max_lora_rank=16,
-                                 log_path=work / f"vllm-{dtype}.log")
-               for dtype in ("float32", "bfloat16")}
-    try:
-        sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=args.new_tokens)
-        print(f"== decoding speed, tokens/s ({args.new_tokens} new tokens per row, T 0.7 / top-p 0.9 / top-k 50)")
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
-            prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(batch, 67, policy)]
-            best = {"engine": 0.0, "vllm float32": 0.0, "vllm bfloat16": 0.0}
-            for _ in range(args.repeats):   # A B C A B C
-                best["engine"] = max(best["engine"], engine_speed(policy, prompts, sampling))
-                for dtype, server in servers.items():
-                    best[f"vllm {dtype}"] = max(best[f"vllm {dtype}"], vllm_speed(server, prompts, sampling))
-            print(f"batch {batch:4d} | " + " | ".join(f"{name} {value:7.1f}" for name, value in best.items())
-                  + f" | vllm fp32 / engine {best['vllm float32'] / best['engine']:.2f}", flush=True)
-        greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=32)
-        prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(64, 67, policy)]
-        from clemprm.models.vllm_backend import VLLMDecoder
-        engine_out = policy.decoder.generate(prompts, greedy, list(range(64)), token_budget=cfg.token_budget)
-        vllm_out = VLLMDecoder(servers["float32"], "base", eos_token_ids=policy.decoder.eos,
-                               concurrency=64).generate(prompts, greedy, list(range(64)))
-        same = sum(a[0] == b[0] for a, b in zip(engine_out, vllm_out))
-        print(f"\n== greedy agreement (fp32, 64 prompts, up to 32 tokens): {same}/64 answers token-identical", flush=True)
-    finally:
-        for server in servers.values():
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=args.new_tokens)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    prompts = {batch: [policy._tokenize([policy.render(m)])[0] for m in make_prompts(batch, 67, policy)]
+               for batch in batches}
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=32)
+    greedy_prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(64, 67, policy)]
+    # one at a time: an idle vLLM CPU server's threads spin and would slow whatever runs beside it
+    print(f"== decoding speed, tokens/s ({args.new_tokens} new tokens per row, T 0.7 / top-p 0.9 / top-k 50; "
+          f"the best of {args.repeats}, each backend alone on the machine)", flush=True)
+    speeds = {"engine": {batch: max(engine_speed(policy, prompts[batch], sampling) for _ in range(args.repeats))
+                         for batch in batches}}
+    print("engine        " + " | ".join(f"batch {b}: {v:7.1f}" for b, v in speeds["engine"].items()), flush=True)
+    engine_greedy = policy.decoder.generate(greedy_prompts, greedy, list(range(64)), token_budget=cfg.token_budget)
+    agreement = None
+    for dtype in ("float32", "bfloat16"):
+        server = VLLMServer(resolve_model_dir(cfg), settings=vllm_settings({"python": args.vllm_python,
+                                                                            "kv_cache_gb": 2}),
+                            dtype=dtype, max_model_len=3072, seed=0, max_lora_rank=16,
+                            log_path=work / f"vllm-{dtype}.log")
+        try:
+            speeds[f"vllm {dtype}"] = {}
+            for batch in batches:
+                speeds[f"vllm {dtype}"][batch] = max(vllm_speed(server, prompts[batch], sampling)
+                                                     for _ in range(args.repeats))
+                print(f"vllm {dtype:8s} batch {batch}: {speeds[f'vllm {dtype}'][batch]:7.1f}", flush=True)
+            if dtype == "float32":
+                from clemprm.models.vllm_backend import VLLMDecoder
+                vllm_greedy = VLLMDecoder(server, server.served_name, eos_token_ids=policy.decoder.eos,
+                                          concurrency=64).generate(greedy_prompts, greedy, list(range(64)))
+                agreement = sum(a[0] == b[0] for a, b in zip(engine_greedy, vllm_greedy))
+        finally:
             server.stop()
+    print("== side by side")
+    for batch in batches:
+        print(f"batch {batch:4d} | " + " | ".join(f"{name} {values[batch]:7.1f}" for name, values in speeds.items())
+              + f" | vllm fp32 / engine {speeds['vllm float32'][batch] / speeds['engine'][batch]:.2f}", flush=True)
+    print(f"\n== greedy agreement (fp32, 64 prompts, up to 32 tokens): {agreement}/64 answers token-identical",
+          flush=True)
     if not args.skip_workloads:
         workloads(args.vllm_python, args.cache_dir, work, args.threads)
     print(f"load average at the end {os.getloadavg()[0]:.2f}; work folder {work}")
