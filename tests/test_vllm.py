@@ -9,7 +9,6 @@ checkpoint on a live server)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from clemprm import records
 from clemprm.config import job_environment, load_config, policy_model
+from tests.test_distributed import as_json
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(3600)
@@ -71,10 +71,6 @@ def settings_of(config: dict, *names: str) -> dict:
 def _server_location_reset():
     yield
     os.environ.pop("CLEMPRM_VLLM_SERVER", None)
-
-
-def as_json(rows: list[dict]) -> list[str]:
-    return [json.dumps(row, sort_keys=True, default=str) for row in rows]
 
 
 def test_base_rollouts_through_vllm_are_complete_and_the_same_run_to_run(server, test_cache_dir, tmp_path):
