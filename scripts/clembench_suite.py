@@ -11,7 +11,7 @@ players (clembench players implement ``_custom_response``).
 
     python scripts/clembench_suite.py --clembench /path/to/clembench --model tiny:0
     python scripts/clembench_suite.py --clembench /path/to/clembench --model embedded:smollm2-135m-instruct \
-        --threads 2 --games wordle,referencegame
+        --threads 2 --games wordle,referencegame --max-context-tokens auto
 
 Counts are small on purpose (1 instance per split, 1 episode, K=2): it shows that each game runs as clembench
 intends, not how well the model plays. taboo and codenames need NLTK data (docs/games.md: clembench games).
@@ -56,12 +56,23 @@ def instance_list(clembench: str, game: str, per_split: int, folder: Path) -> st
     return str(path)
 
 
+def model_settings(args) -> dict:
+    """The ``model`` section the suite's options set (the rest: the config's defaults)."""
+    chosen = {"spec": args.model, "threads": args.threads, "max_context_tokens": args.max_context_tokens}
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+def context_tokens(text: str) -> int | str:
+    """``--max-context-tokens``: a number, or auto (the model's own context length)."""
+    return text if text == "auto" else int(text)
+
+
 def settings_for(args, game: str, workdir: Path) -> dict:
     from clemprm.config import load_config
 
     tokens = args.max_new_tokens
     config = load_config(overrides={
-        "model": {"spec": args.model, "threads": args.threads},
+        "model": model_settings(args),
         "games": {"builtin": [], "clembench_path": args.clembench, "clembench_games": [game],
                   "instance_list": instance_list(args.clembench, game, args.instances, workdir),
                   "max_instances": {"train": args.instances, "validation": args.instances, "test": 1}},
@@ -109,6 +120,7 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
 
 def run_game(args, game: str, policy, workdir: Path) -> dict:
     """One game through every stage; what happened, as one table row."""
+    from clemprm import records
     from clemprm.evaluation import evaluate
     from clemprm.stages import labels, rollouts
     from clemprm.play.catalog import GameCatalog
@@ -141,14 +153,17 @@ def run_game(args, game: str, policy, workdir: Path) -> dict:
         on_failure="continue")) or []
     row["base"] = episode_stats(base)
     bp_settings = sections(settings, "seed", "model", "games", "branch_points")
+    bp_episodes = out / "bp_episodes.parquet"
     bps = stage("branch_points", lambda: labels.branch_points(
-        bp_settings, None, out / "bp_episodes.parquet", out / "bp.parquet", policy=policy, on_failure="continue"))
+        bp_settings, None, bp_episodes, out / "bp.parquet", policy=policy, on_failure="continue"))
+    played = episode_stats(records.read_records(bp_episodes)) if bp_episodes.exists() else "-"
+    row["branch_points"] = f"{played}; {len(bps or [])} branch points"
     if bps:
+        errors = labels.ErrorCounts()
         soft = stage("soft_labels", lambda: labels.soft_labels_shard(
             sections(settings, "seed", "model", "games", "labels"), out / "bp.parquet", None, 0, 1,
-            out / "labels.parquet", policy=policy)) or []
-        row["labels"] = (f"{len(soft)}/{len(bps)} labelled, {sum(r['n_errors'] for r in soft)} cont. errors, "
-                         f"{sum(r['n_capped'] for r in soft)} capped")
+            out / "labels.parquet", policy=policy, errors=errors)) or []
+        row["labels"] = labels.labelling_counts(bps, soft, errors)
     else:
         row["labels"] = "no branch points"
     greedy = stage("eval", lambda: evaluate.evaluate_mode(
@@ -180,6 +195,9 @@ def main(argv=None) -> None:
     parser.add_argument("--branch-points", type=int, default=2, help="branch points per trajectory at most")
     parser.add_argument("--max-rollout-rounds", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-context-tokens", type=context_tokens, default=None,
+                        help="model.max_context_tokens: the longest prompt (default: the config's), or auto: the "
+                             "model's own context length (games with long prompts)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log", default=None, help="log file (default: a temporary one)")
     args = parser.parse_args(argv)
@@ -191,17 +209,19 @@ def main(argv=None) -> None:
     log_file = args.log or str(workdir / "suite.log")
     logging.basicConfig(level=logging.INFO, filename=log_file, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
-    policy = load_policy({"spec": args.model, "threads": args.threads})
-    print(f"model {args.model} loaded in {time.perf_counter() - start:.0f} s; {args.instances} instance(s) per split, "
+    policy = load_policy(model_settings(args))
+    print(f"model {args.model} loaded in {time.perf_counter() - start:.0f} s, prompts up to "
+          f"{policy.cfg.max_context_tokens} tokens; {args.instances} instance(s) per split, "
           f"{args.episodes} episode(s), K={args.k}, {args.max_new_tokens} new tokens; log {log_file}", flush=True)
-    header = ("game", "loads", "base rollouts (train)", "soft labels", "greedy eval (validation)", "partial score",
-              "s", "left out / stage errors")
+    header = ("game", "loads", "base rollouts (train)", "branch points", "soft labels",
+              "greedy eval (validation)", "partial score", "s", "left out / stage errors")
     print(" | ".join(header), flush=True)
     for game in args.games.split(","):
         row = run_game(args, game, policy, workdir)
-        print(" | ".join([row["game"], row["loads"], row.get("base", "-"), row.get("labels", "-"), row.get("eval", "-"),
-                          row.get("partial", "-"), f"{row['seconds']:.0f}",
-                          row.get("left_out") or "; ".join(row["stage_errors"]) or "-"]), flush=True)
+        print(" | ".join([row["game"], row["loads"], row.get("base", "-"), row.get("branch_points", "-"),
+                          row.get("labels", "-"), row.get("eval", "-"), row.get("partial", "-"),
+                          f"{row['seconds']:.0f}", row.get("left_out") or "; ".join(row["stage_errors"]) or "-"]),
+              flush=True)
     print(f"total {time.perf_counter() - start:.0f} s", flush=True)
 
 

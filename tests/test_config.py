@@ -28,6 +28,16 @@ def test_bad_values_fail_naming_the_key(override, key):
         load_config(overrides=override)
 
 
+def test_max_context_tokens_is_a_number_or_auto():
+    assert load_config(overrides={"model": {"max_context_tokens": "auto"}})["model"]["max_context_tokens"] == "auto"
+    assert load_config()["model"]["max_context_tokens"] == 2048   # the default keeps the records of earlier runs
+    with pytest.raises(ConfigError, match=r"^config key 'model.max_context_tokens': 8 is less than the minimum of "
+                                          r"16, or 'auto' was expected$"):
+        load_config(overrides={"model": {"max_context_tokens": 8}})
+    with pytest.raises(ConfigError, match="'model.max_context_tokens': 'all' is not of type 'integer', or 'auto'"):
+        load_config(overrides={"model": {"max_context_tokens": "all"}})
+
+
 def test_sections_are_key_sorted_so_reordering_is_not_a_change():
     a = sections({"x": {"b": 1, "a": {"d": 2, "c": 3}}, "y": 0}, "x")
     b = sections({"x": {"a": {"c": 3, "d": 2}, "b": 1}}, "x")

@@ -274,12 +274,30 @@ def test_too_long_item_fails_alone(tiny_cfg):
     long_messages = [{"role": "user", "content": "The quick brown fox jumps. " * 30}]
     generations = short.generate([MESSAGES[4], long_messages, MESSAGES[0]], temperature=0.0)
     assert generations[1].error is not None and generations[1].error.startswith("context too long: ")
-    assert generations[1].error.endswith(" > 60 tokens") and generations[1].text == ""
+    assert generations[1].error.endswith(" > 60 tokens (model.max_context_tokens; raise it, or set it to auto: the "
+                                         "model's own context length)") and generations[1].text == ""
     assert generations[0].error is None and generations[2].error is None
     assert generations[0].raw_text == short.generate([MESSAGES[4]], temperature=0.0)[0].raw_text
     with pytest.raises(RuntimeError, match="context too long"):
         short.generate_batch_response([MESSAGES[4], long_messages])
     assert short.stats.errors == 2 and short.stats.calls == 3
+
+
+def test_max_context_tokens_auto_is_the_models_own_context_length(tiny_cfg, policy):
+    from clemprm.models.vllm_backend import server_context_length
+
+    auto = PolicyModel(dataclasses.replace(tiny_cfg, max_context_tokens="auto"), tokenizer=policy.tokenizer,
+                       model=policy.model)
+    assert auto.cfg.max_context_tokens == 4096   # the tiny model's max_position_embeddings and model_max_length
+    long_messages = [{"role": "user", "content": "The quick brown fox jumps. " * 800}]
+    error = auto.generate([long_messages])[0].error
+    assert error.startswith("context too long: ") and error.endswith(
+        " > 4096 tokens (model.max_context_tokens; auto: the model's own context length)")
+    # a vLLM server holds a prompt of max_context_tokens and its answer, within the model's own length
+    assert server_context_length(policy.cfg, policy.tokenizer) == 2048 + 1024
+    assert server_context_length(auto.cfg, policy.tokenizer) == 4096
+    with pytest.raises(ValueError, match="max_context_tokens must be an integer >= 1 or auto, got 'all'"):
+        ModelConfig(max_context_tokens="all")
 
 
 def test_clemcore_interface_and_deepcopy(policy):

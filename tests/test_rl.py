@@ -201,6 +201,26 @@ def test_implicit_prm_equals_its_reference_at_the_start_even_in_train_mode(tmp_p
         assert torch.equal(implicit.log_ratios(turn), torch.zeros(len(turn.completion_ids)))
 
 
+def test_the_implicit_prm_scorers_reference_adapter_is_loaded_by_the_model_loader(adapters, tmp_path,
+                                                                                  test_cache_dir):
+    """The SFT adapter loaded beside the implicit PRM (its reference) is checked as the loader checks an adapter: a
+    missing folder and a truncated weights file are named."""
+    import re
+
+    from clemprm.models.loader import WeightsFileError
+
+    shutil.copytree(adapters[1], tmp_path / "rl" / "prm")
+    reference = shutil.copytree(adapters[0], tmp_path / "sft")
+    weights = reference / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(WeightsFileError, match=re.escape(f"adapter {reference}: cannot read {weights}: ")):
+        load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(tmp_path / "rl"), str(reference), beta=0.05,
+                          cache_dir=test_cache_dir)
+    with pytest.raises(FileNotFoundError, match="adapter folder .*gone' does not exist"):
+        load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(tmp_path / "rl"), str(tmp_path / "gone"), beta=0.05,
+                          cache_dir=test_cache_dir)
+
+
 def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir):
     _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
                                                       implicit_prm=True)

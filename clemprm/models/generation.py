@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 from clemprm.models import gated_delta
-from clemprm.models.loader import ModelConfig, load_tokenizer_and_generation_config, load_tokenizer_and_model
+from clemprm.models.loader import (AUTO_CONTEXT, ModelConfig, load_tokenizer_and_generation_config,
+                                   load_tokenizer_and_model, with_context_length)
 from clemprm.models.scoring import Counters, common_prefix_length
 from clemprm.play.chat import end_token_ids, render_prompt
 from clemprm.play.clemcore_setup import import_clemcore_backends
@@ -774,7 +775,6 @@ class PolicyModel(_backends.BatchGenerativeModel):
                  max_new_tokens: int = 64, top_k: int | None = None, tokenizer=None, model=None):
         super().__init__(ModelSpec(model_name=name or cfg.short_name, model_id=cfg.spec, backend="clemprm",
                                    adapter=cfg.adapter))
-        self.cfg = cfg
         if cfg.backend == "vllm" and tokenizer is None:   # the server holds the weights: the tokenizer alone here
             tokenizer, generation_config = load_tokenizer_and_generation_config(cfg)
         else:
@@ -782,6 +782,8 @@ class PolicyModel(_backends.BatchGenerativeModel):
                 tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
             generation_config = getattr(model, "generation_config", None)
         self.tokenizer, self.model = tokenizer, model
+        self.context_is_auto = cfg.max_context_tokens == AUTO_CONTEXT
+        self.cfg = with_context_length(cfg, tokenizer)   # model.max_context_tokens a number
         self.temperature_default = float(temperature)
         self.top_p_default = float(top_p)
         self.max_new_tokens_default = int(max_new_tokens)
@@ -796,7 +798,8 @@ class PolicyModel(_backends.BatchGenerativeModel):
         if cfg.backend == "vllm":
             from clemprm.models.vllm_backend import vllm_decoder
 
-            self.decoder = vllm_decoder(cfg, eos_ids, sequence_bias=sequence_bias_of(generation_config))
+            self.decoder = vllm_decoder(self.cfg, eos_ids, sequence_bias=sequence_bias_of(generation_config),
+                                        tokenizer=tokenizer)
         else:
             pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
             self.decoder = Decoder(model, eos_token_ids=eos_ids, pad_token_id=pad,
@@ -871,7 +874,7 @@ class PolicyModel(_backends.BatchGenerativeModel):
             text, ids = text_ids
             if len(ids) > self.cfg.max_context_tokens:
                 out[i] = Generation("", "", len(ids), 0, finish_reason="error",
-                                    error=f"context too long: {len(ids)} > {self.cfg.max_context_tokens} tokens")
+                                    error=context_too_long(len(ids), self.cfg.max_context_tokens, self.context_is_auto))
             elif not ids:
                 out[i] = Generation("", "", 0, 0, error="empty prompt", finish_reason="error")
             else:
@@ -945,6 +948,13 @@ class PolicyModel(_backends.BatchGenerativeModel):
         return self.generate_batch_response([messages])[0]
 
 
+
+
+def context_too_long(prompt_tokens: int, limit: int, auto: bool) -> str:
+    """The error of a prompt over ``model.max_context_tokens``: the key that set the limit, and what it can be."""
+    own = "auto: the model's own context length"
+    return (f"context too long: {prompt_tokens} > {limit} tokens (model.max_context_tokens; "
+            f"{own if auto else 'raise it, or set it to ' + own})")
 
 
 def load_policy(model_settings: dict, cache_dir: str | None = None) -> PolicyModel:

@@ -58,6 +58,9 @@ _COMPLETE_MARKER = ".clemprm-complete.json"
 QUANTIZATIONS = ("auto", "nf4", "none")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TASKS = ("causal-lm", "seq-cls")
+AUTO_CONTEXT = "auto"
+"""``max_context_tokens: auto``: the model's own context length (:func:`with_context_length`)."""
+MIN_CONTEXT_TOKENS = 16   # the config schema's minimum of model.max_context_tokens
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -77,7 +80,7 @@ class ModelConfig:
     threads: int = 0
     chat_template_kwargs: dict = field(default_factory=lambda: {"enable_thinking": False})
     token_budget: int = 16384
-    max_context_tokens: int = 2048
+    max_context_tokens: int | str = 2048   # or AUTO_CONTEXT: a number once the model is loaded
     prefix_cache_mb: int = 1024
     cache_dir: str | None = None
     # what generates (the config's generation section, in the model section of the rules that generate:
@@ -95,10 +98,13 @@ class ModelConfig:
             raise ValueError(f"model quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"model dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for key, minimum in (("threads", 0), ("token_budget", 1), ("max_context_tokens", 1), ("prefix_cache_mb", 0)):
+        for key, minimum in (("threads", 0), ("token_budget", 1), ("prefix_cache_mb", 0)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            if not is_integer_at_least(value, minimum):
                 raise ValueError(f"model {key} must be an integer >= {minimum}, got {value!r}")
+        if self.max_context_tokens != AUTO_CONTEXT and not is_integer_at_least(self.max_context_tokens, 1):
+            raise ValueError(f"model max_context_tokens must be an integer >= 1 or {AUTO_CONTEXT}, "
+                             f"got {self.max_context_tokens!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"generation backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.chat_template_kwargs, dict):
@@ -135,6 +141,10 @@ class ModelConfig:
         if self.adapter:
             name += "+" + (Path(self.adapter.rstrip("/")).name or "adapter")
         return name
+
+
+def is_integer_at_least(value, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def parse_spec(spec: str) -> tuple[str, Any]:
@@ -581,8 +591,7 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if cfg.adapter:
         from peft import PeftModel
-        if not os.path.isdir(cfg.adapter):
-            raise FileNotFoundError(f"adapter folder {cfg.adapter!r} does not exist")
+        require_adapter_folder(cfg.adapter)
         with weights_named_on_error(cfg.adapter, "adapter"):
             model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=for_training)
     if for_training:
@@ -593,6 +602,20 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     return tokenizer, model
 
 
+
+
+def require_adapter_folder(folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"adapter folder {folder!r} does not exist")
+
+
+def load_extra_adapter(model, folder: str, name: str, *, trainable: bool) -> None:
+    """Load the PEFT adapter in ``folder`` into ``model`` (a ``PeftModel`` from :func:`load_tokenizer_and_model`) as
+    one more adapter, ``name``, beside the one the loader applied (the RL stage's implicit PRM and its reference),
+    checked as that one is: the folder exists, an unreadable weights file is named."""
+    require_adapter_folder(folder)
+    with weights_named_on_error(folder, "adapter"):
+        model.load_adapter(folder, adapter_name=name, is_trainable=trainable)
 
 
 def load_tokenizer_and_generation_config(cfg: ModelConfig):
@@ -606,6 +629,31 @@ def load_tokenizer_and_generation_config(cfg: ModelConfig):
     except OSError:
         generation_config = None
     return AutoTokenizer.from_pretrained(path), generation_config
+
+
+def own_context_length(cfg: ModelConfig, tokenizer) -> int | None:
+    """The context length of ``cfg``'s model: the smaller of its config's ``max_position_embeddings`` (of the text
+    model, for a composite config) and its tokenizer's ``model_max_length``, each where it is a sane number
+    (transformers gives a tokenizer whose files state none ``1e30``); None when neither is."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model_dir(cfg)).get_text_config()
+    lengths = (getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None))
+    sane = [n for n in lengths if is_integer_at_least(n, MIN_CONTEXT_TOKENS) and n < 10 ** 8]
+    return min(sane, default=None)
+
+
+def with_context_length(cfg: ModelConfig, tokenizer) -> ModelConfig:
+    """``cfg`` with ``max_context_tokens`` a number: ``auto`` becomes the model's own context length
+    (:func:`own_context_length`); a number stays."""
+    if cfg.max_context_tokens != AUTO_CONTEXT:
+        return cfg
+    length = own_context_length(cfg, tokenizer)
+    if length is None:
+        raise ValueError(f"model.max_context_tokens: auto, but the model {cfg.spec} states no context length (its "
+                         f"config has no max_position_embeddings and its tokenizer no model_max_length): set a number")
+    log.info("model.max_context_tokens: auto = %d tokens, the context length of %s", length, cfg.spec)
+    return dataclasses.replace(cfg, max_context_tokens=length)
 
 
 def policy_settings(model_settings: dict, adapter: str | None) -> dict:

@@ -34,7 +34,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from clemprm.models.loader import ModelConfig, resolve_model_dir
+from clemprm.models.loader import ModelConfig, own_context_length, resolve_model_dir
 from clemprm.play.engine import BackendError
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,14 @@ def server_log_path() -> Path:
     return Path(tempfile.mkdtemp(prefix="clemprm-vllm-")) / "server.log"
 
 
-def vllm_decoder(cfg: ModelConfig, eos_token_ids: list[int], *, sequence_bias: dict) -> VLLMDecoder:
+def server_context_length(cfg: ModelConfig, tokenizer) -> int:
+    """The server's ``--max-model-len``: a prompt of ``model.max_context_tokens`` and an answer of up to 1024 tokens,
+    within the model's own context length (vLLM refuses a longer one; ``max_context_tokens: auto`` is that length)."""
+    own = own_context_length(cfg, tokenizer)
+    return min(cfg.max_context_tokens + 1024, own) if own else cfg.max_context_tokens + 1024
+
+
+def vllm_decoder(cfg: ModelConfig, eos_token_ids: list[int], *, sequence_bias: dict, tokenizer) -> VLLMDecoder:
     """A :class:`VLLMDecoder` for the policy of ``cfg`` (its base model, and its adapter served by name), on the
     configured server or one started for it."""
     import torch
@@ -285,7 +292,7 @@ def vllm_decoder(cfg: ModelConfig, eos_token_ids: list[int], *, sequence_bias: d
         log.warning("vLLM backend: the model's generation_config.sequence_bias %s is not applied", sequence_bias)
     dtype = cfg.dtype if cfg.dtype != "auto" else "bfloat16" if torch.cuda.is_available() else "float32"
     server = VLLMServer(resolve_model_dir(cfg), settings=settings, dtype=dtype,
-                        max_model_len=cfg.max_context_tokens + 1024, seed=0, max_lora_rank=64,
+                        max_model_len=server_context_length(cfg, tokenizer), seed=0, max_lora_rank=64,
                         log_path=server_log_path())
     name = server.served_name
     if cfg.adapter:

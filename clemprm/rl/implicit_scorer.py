@@ -39,10 +39,10 @@ class ImplicitPRMScorer:
     """``score(pairs) -> [beta * sum log-ratio]`` for (perspective messages, candidate) pairs."""
 
     def __init__(self, cfg, sft_adapter: str, beta: float):
-        from clemprm.models.loader import load_tokenizer_and_model, resolve_dtype
+        from clemprm.models.loader import load_extra_adapter, load_tokenizer_and_model, resolve_dtype
 
         tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="causal-lm")
-        model.load_adapter(str(sft_adapter), adapter_name=REFERENCE, is_trainable=False)
+        load_extra_adapter(model, str(sft_adapter), REFERENCE, trainable=False)
         model.set_adapter("default")
         model.eval()
         self.cfg, self.tokenizer, self.model = cfg, tokenizer, model

@@ -204,9 +204,10 @@ def partial_score(episode: Episode) -> float:
 
 
 def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
-    """``(Main Score, None)`` of the game's own scorer on a copy of the unfinished ``episode`` closed as lost: the
-    game's end-of-game hook logs its keys (as when it ends), then Aborted 0, Lose 1, Success 0 are logged over
-    whatever it logged, and a round the game had opened but not played is dropped (:func:`drop_unplayed_round`).
+    """``(Main Score, None)`` of the game's own scorer on a copy of the unfinished ``episode`` closed as lost, shaped
+    as clemcore leaves a finished episode: a round the game had opened but not played is closed first
+    (:func:`close_unplayed_round`), then the game's end-of-game hook logs its keys and events (into the last played
+    round, as when it ends), then Aborted 0, Lose 1, Success 0 are logged over whatever it logged.
 
     ``(nan, why)`` when there is no score: the scorer's Main Score is NaN, or the episode holds no answer yet and
     the hook or scorer raised on it (clemcore's scorers divide by the episode's requests: an empty episode cannot be
@@ -219,12 +220,14 @@ def closed_as_lost_score(episode: Episode) -> tuple[float, str | None]:
     interactions = closed.recorder.interactions
     try:
         closing = closed.env.game_master
+        round_closed = close_unplayed_round(closed.recorder)
         with closed.own_generators():
             closing._on_after_game()
             closing.log_game_end(auto_count_logging=not isinstance(closing, LegacyDialogueGameMaster))
+        if round_closed:
+            drop_own_counts_of_unplayed_round(interactions)
         for key, value in ((METRIC_ABORTED, 0), (METRIC_LOSE, 1), (METRIC_SUCCESS, 0)):
             closed.recorder.log_key(key, value)
-        drop_unplayed_round(interactions)
         score = float(closed.scores().get("Main Score", math.nan))
     except Exception as error:
         if not holds_answers(interactions):
@@ -240,22 +243,34 @@ def holds_answers(interactions: dict) -> bool:
     return any(event["action"]["type"] == "get message" for events in interactions["turns"] for event in events)
 
 
-def drop_unplayed_round(interactions: dict) -> None:
-    """Remove the last round of an episode's ``interactions`` when the game opened it but nothing happened in it yet
-    (clemcore opens the next round as soon as one ends): a game never ends in such a round, and clemcore's scorer
-    divides by each round's requests. Its per-round request counts go with it."""
+def close_unplayed_round(recorder) -> bool:
+    """Undo the recorder's opening of the last round when nothing happened in it yet (clemcore opens the next round
+    as soon as one ends, but not after the last one): a game never ends in such a round, and clemcore's scorers
+    divide by each round's requests. What the end-of-game hook logs next then lands in the last played round, as
+    in a finished episode. Its per-round request counts go with it. True when a round was closed.
+
+    Reaches into clemcore 3.7.2's ``GameInteractionsRecorder`` (its round index and per-round counts), the inverse
+    of its ``log_next_round``."""
+    turns = recorder.interactions["turns"]
+    if len(turns) < 2 or turns[-1]:
+        return False
+    turns.pop()
+    for counts in (recorder.requests_counts, recorder.violated_requests_counts, recorder.successful_requests_counts):
+        counts.pop()
+    recorder._current_round -= 1
+    return True
+
+
+def drop_own_counts_of_unplayed_round(interactions: dict) -> None:
+    """Per-round request counts a game logs itself (legacy games, in their end-of-game hook) that still hold an
+    entry for the round :func:`close_unplayed_round` closed."""
     from clemcore.clemgame.metrics import (METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED,
                                            METRIC_REQUEST_COUNT_VIOLATED)
 
-    turns = interactions["turns"]
-    if len(turns) < 2 or turns[-1]:
-        return
-    turns.pop()
     for key in (METRIC_REQUEST_COUNT, METRIC_REQUEST_COUNT_PARSED, METRIC_REQUEST_COUNT_VIOLATED):
         counts = interactions.get(key)
-        if isinstance(counts, list) and len(counts) == len(turns) + 1:
+        if isinstance(counts, list) and len(counts) == len(interactions["turns"]) + 1:
             counts.pop()
-    interactions["meta"]["round_count"] = len(turns)
 
 
 def continuation_score(episode: Episode, capped: bool, aborted_value: float) -> tuple[float, bool, bool]:
@@ -488,9 +503,12 @@ def shard_rows(bps: list[dict], shard: int, shards: int) -> list[dict]:
 
 
 def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, shard: int, shards: int, output: str,
-                      cache_dir: str | None = None, threads: int | None = None, policy=None) -> list[dict]:
+                      cache_dir: str | None = None, threads: int | None = None, policy=None,
+                      errors: ErrorCounts | None = None) -> list[dict]:
     """Label branch points ``shard, shard + shards, ...`` of ``bp_path``, resuming from the shard's checkpoint.
-    ``threads`` (the job's threads) overrides ``model.threads``, so shards can share a machine."""
+    ``threads`` (the job's threads) overrides ``model.threads``, so shards can share a machine. ``errors``, if
+    given, counts the continuations the games failed on in this call (this process's share), also those of branch
+    points left without a label, which the returned rows do not hold."""
     label_settings = settings["labels"]
     branch_points = records.read_records(bp_path, records.BRANCH_POINTS, splits=records.LABEL_SPLITS)
     mine = shard_rows(branch_points, shard, shards)
@@ -508,7 +526,7 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
         engine = RolloutEngine(GameCatalog(settings["games"]), Sampling(
             label_settings["temperature"], label_settings["top_p"], label_settings["max_new_tokens"]))
         states = BranchPointStates(engine, engine.catalog, policy, settings["seed"])
-        step, errors = label_settings["checkpoint_every"], ErrorCounts()
+        step, errors = label_settings["checkpoint_every"], errors if errors is not None else ErrorCounts()
         for start in range(0, len(todo), step):
             rows = label_chunk_split(engine, states, todo[start:start + step], label_settings, errors)
             checkpoint.save(rows)
@@ -550,6 +568,18 @@ def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], out
     records.write_records(output, rows, records.SOFT_LABELS, {**provenance(settings), **marks_metadata(marks)})
     log.info("soft labels -> %s", output)
     return rows
+
+
+def labelling_counts(branch_points: list[dict], rows: list[dict], errors: ErrorCounts) -> str:
+    """One line on a labelling of ``branch_points``: how many got a label (``rows``; terminal: the candidate ended
+    the game), the continuations scored (the capped ones among them) and those the games failed on, counted in
+    ``errors`` (:func:`soft_labels_shard`'s), which also holds the failures of the branch points left without a
+    label (every continuation failed; for a terminal one, its own score)."""
+    continued = [row for row in rows if not row["terminal"]]
+    scored = sum(len(row["rollout_scores"]) for row in continued)
+    return (f"{len(rows)}/{len(branch_points)} labelled ({len(rows) - len(continued)} terminal), "
+            f"{scored} continuations scored ({sum(row['n_capped'] for row in continued)} capped), "
+            f"{sum(errors.count.values())} failed")
 
 
 def summarize_labels(rows: list[dict]) -> str:
