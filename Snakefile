@@ -39,6 +39,7 @@ rule all:
         "results/report/soft_labels.png",
         "results/report/prm_calibration.png",
         "results/report/training_curves.png",
+        "results/report/transcripts",
         expand("results/merged/{name}", name=MERGED_ADAPTERS),
         SCORE_TARGETS,
     default_target: True

@@ -11,10 +11,13 @@ from clemprm import records
 
 
 def inspect_command(args: argparse.Namespace) -> int:
-    from clemprm.evaluation.inspect import inspect_file
+    from clemprm.evaluation.inspect import episode_transcript, inspect_file
 
     try:
-        print(inspect_file(args.path, examples=args.examples, width=args.width, bins=args.bins))
+        if args.transcript is not None:
+            print(episode_transcript(args.path, args.transcript))
+        else:
+            print(inspect_file(args.path, examples=args.examples, width=args.width, bins=args.bins))
     except records.RecordFileError as error:
         print(f"clemprm inspect: {error}", file=sys.stderr)
         return 2
@@ -66,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--examples", type=int, default=3, metavar="N", help="example rows to show (default 3)")
     inspect.add_argument("--width", type=positive_int, default=100, metavar="W", help="line width (default 100)")
     inspect.add_argument("--bins", type=positive_int, default=10, metavar="B", help="label histogram bins (default 10)")
+    inspect.add_argument("--transcript", type=int, metavar="N", help="print row N of an episodes file as a transcript "
+                                                                     "(one line per message), not the summary")
     inspect.set_defaults(run=inspect_command)
     check = commands.add_parser("check-config", help="check config files as the Snakefile does at parse time, "
                                                      "naming the file or key that is wrong")

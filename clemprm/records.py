@@ -102,12 +102,23 @@ SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
     ("label", pa.float64()),           # mean of rollout_scores / 100, in [0, 1]
 ])
 
+# A turn where a search chose, on the path it played (eval episodes' ``choices``).
+CHOICE = pa.struct([
+    ("turn_idx", pa.int32()),          # the turn the chosen candidate was played as
+    ("candidates", pa.list_(pa.string())),  # best-of-N: the N sampled answers; beam search: the distinct answers
+                                       # its beam proposed there (one child each)
+    ("scores", pa.list_(pa.float64())),  # the scorer's score of each (PRM, log-probability, random); -inf: a failed
+                                       # generation, not scored
+    ("chosen", pa.int32()),            # the index of the candidate played
+])
+
 # Evaluation episodes (``results/eval/<mode>.parquet``): the episode that counts, plus what its mode spent on it.
 EVAL_EPISODES = pa.schema(list(EPISODES) + [
     ("mode", pa.string()),             # greedy_base | greedy_sft | random_of_n | best_of_n | beam_search
     ("policy_tokens", pa.int64()),     # tokens the policy generated for this episode, unplayed candidates included
     ("prm_pairs", pa.int64()),         # (perspective, candidate) pairs the PRM scored (0 for greedy)
     ("search_nodes", pa.int64()),      # candidate answers generated: the search tree's nodes (greedy: one per turn)
+    ("choices", pa.list_(CHOICE)),     # the search's choices, in turn order (greedy: none; self_correct: null)
 ])
 
 # Mode self_correct (``results/eval/self_correct.parquet``, clemprm.rl.self_correction): two attempts per episode id.

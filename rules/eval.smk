@@ -1,9 +1,10 @@
 # Stage 7: evaluation on eval.split: one job per mode of eval.modes (clemprm.modes.MODES: the policy it plays, its
 # search, what ranks the candidates, the eval keys it plays by and the files it reads), the summary with bootstrap CIs
-# (results/prm_eval.json), and the figures of `snakemake --report`. A mode's params hold only the config it plays by.
-# Each mode also writes its episodes as a clembench results tree, results/clembench/<mode>/<policy>-<mode>/.
+# (results/prm_eval.json), and the figures and transcripts of `snakemake --report`. A mode's params hold only the config
+# it plays by. Each mode also writes its episodes as a clembench results tree,
+# results/clembench/<mode>/<policy>-<mode>/.
 
-from clemprm.modes import MODES, upstream_outputs
+from clemprm.modes import MODES, SELF_CORRECT, upstream_outputs
 
 
 def eval_mode_inputs(wc):
@@ -81,3 +82,23 @@ rule eval_report_figures:
         "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/eval_report_figures.py"
+
+
+rule eval_transcripts:
+    input:
+        # self_correct's attempt pairs of two policies are not shown
+        modes=expand("results/eval/{mode}.parquet", mode=[m for m in config["eval"]["modes"] if m != SELF_CORRECT]),
+    output:
+        # per mode and game one won and one lost episode, and a search's choices in them, as HTML pages
+        # <mode>/<game>/<won|lost>[_choices].html (clemprm.evaluation.transcript)
+        report(directory("results/report/transcripts"), patterns=["{mode}/{game}/{page}.html"],
+               caption="../report/transcripts.rst", category="Transcripts", subcategory="{mode}",
+               labels={"game": "{game}", "page": "{page}"}),
+    log:
+        "results/logs/eval_transcripts.log",
+    benchmark:
+        "results/benchmarks/eval_transcripts.tsv"
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/eval_transcripts.py"

@@ -180,7 +180,7 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
         started = engine.start_all(share, [policy], repeats=repeats, base_seed=settings["seed"], stage="eval")
         episodes, costs = play(mode, engine, started, scorer, eval_settings)
         played = [({**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
-                    "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes},
+                    "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes, "choices": cost.choices},
                    episode_entry(episode, run_dir, infos) if clembench_dir is not None else None)
                   for episode, cost in zip(episodes, costs)]
         return [played[index:index + repeats] for index in range(0, len(played), repeats)]

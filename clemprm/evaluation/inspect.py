@@ -1,4 +1,5 @@
-"""What is in a record file: schema, provenance, per-game statistics and a few shortened example rows.
+"""What is in a record file: schema, provenance, per-game statistics and a few shortened example rows; or one episode
+as a transcript (``clemprm inspect PATH --transcript N``).
 
 Works on any parquet file the pipeline writes; what is summarized depends only on which columns exist.
 Kept free of torch/transformers/clemcore imports so ``clemprm inspect`` starts fast.
@@ -16,6 +17,7 @@ import pyarrow.compute as pc
 
 from clemprm import records
 from clemprm.checks.run_time import MARKS_KEY
+from clemprm.evaluation.transcript import dialogue, heading, outcome_line
 
 SHOWN_VERSIONS = ("clemprm", "clemcore", "transformers")
 ELLIPSIS = "…"
@@ -28,9 +30,7 @@ STAT_COLUMNS = ("mode", "label", "n_turns", "meta.outcome", "k", "n_aborted", "n
 
 def inspect_file(path: str | Path, examples: int = 3, width: int = 100, bins: int = 10) -> str:
     """The full report on one record file; raises :class:`records.RecordFileError` naming an unreadable file."""
-    if not Path(path).exists():
-        raise records.RecordFileError(f"record file {path} does not exist")
-    table = records.read_table(path)
+    table = read_file(path)
     lines = [f"{path}", f"rows: {table.num_rows}", "schema:"]
     lines += [f"  {line}" for line in schema_lines(table.schema)]
     provenance = records.read_provenance(path)
@@ -47,6 +47,26 @@ def inspect_file(path: str | Path, examples: int = 3, width: int = 100, bins: in
         lines.append(f"example row {index}:")
         lines += format_example(row, width)
     return "\n".join(lines)
+
+
+def read_file(path: str | Path) -> pa.Table:
+    if not Path(path).exists():
+        raise records.RecordFileError(f"record file {path} does not exist")
+    return records.read_table(path)
+
+
+def episode_transcript(path: str | Path, index: int) -> str:
+    """Row ``index`` of an episodes file as a transcript: its heading, one line per message (the speaker, then the
+    text, quoted, its line breaks as ``\\n``), the outcome. Raises :class:`records.RecordFileError` naming a file
+    without episodes or without that row."""
+    table = read_file(path)
+    if "turns" not in table.column_names:
+        raise records.RecordFileError(f"record file {path} holds no episodes (no turns column)")
+    if not 0 <= index < table.num_rows:
+        raise records.RecordFileError(f"record file {path} has no row {index} (it has {table.num_rows} rows)")
+    row = table.slice(index, 1).to_pylist()[0]
+    lines = [f"{line.speaker}: {quote(line.text, math.inf)}" for line in dialogue(row)]
+    return "\n".join([heading(row), *lines, outcome_line(row)])
 
 
 # --- schema and provenance -------------------------------------------------------------------------------------

@@ -17,18 +17,19 @@ together. This package holds what the strategies share.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clemprm.stats import derive_seed
 
 
 @dataclass
 class SearchCost:
-    """What a search spent on one episode."""
+    """What a search spent on one episode, and what it chose on the path it played."""
 
     policy_tokens: int = 0   # tokens the policy generated, candidates that were never played included
     prm_pairs: int = 0       # (perspective, candidate) pairs the PRM scored
     nodes: int = 0           # candidate answers generated: the nodes of the search tree
+    choices: list[dict] = field(default_factory=list)   # rows of clemprm.records.CHOICE, in turn order
 
     def add(self, candidates: list, scores: list[float]) -> None:
         self.policy_tokens += sum(candidate.new_tokens for candidate in candidates)
@@ -48,6 +49,13 @@ class RandomScorer:
     def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
         return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in messages], candidate)
                 / 2 ** 63 for messages, candidate in pairs]
+
+
+def choice(turn_idx: int, candidates: list, scores: list[float], chosen: int) -> dict:
+    """A turn where a search chose, as a row of :data:`clemprm.records.CHOICE`: each candidate's text and score, and
+    the index of the one played."""
+    return {"turn_idx": turn_idx, "candidates": [candidate.text for candidate in candidates], "scores": list(scores),
+            "chosen": chosen}
 
 
 def greedy_cost(episode) -> SearchCost:

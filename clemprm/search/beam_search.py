@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
 from clemprm.stats import derive_seed
-from clemprm.search import SearchCost, score_candidates
+from clemprm.search import SearchCost, choice, score_candidates
 
 AGGREGATIONS = ("last", "min", "prod")
 
@@ -25,6 +25,7 @@ AGGREGATIONS = ("last", "min", "prod")
 class Beam:
     episode: Episode
     step_scores: list[float] = field(default_factory=list)   # the PRM score of each answer the search chose
+    choices: list[dict] = field(default_factory=list)   # the choices on the way here (clemprm.records.CHOICE rows)
 
     def score(self, aggregation: str) -> float:
         """The beam's PRM score: of its last step (search-and-learn's "last"), its worst step, or their product.
@@ -43,20 +44,23 @@ def distinct(candidates: list) -> list:
 
 
 def expand(engine: RolloutEngine, beam: Beam, candidates: list, scores: list[float]) -> list[Beam]:
-    """The children of ``beam``: a fork per candidate, with that answer played. Each child gets its own seed, so
-    beams that share a turn number do not share random streams."""
+    """The children of ``beam``: a fork per candidate, with that answer played, each remembering the choice that
+    made it. Each child gets its own seed, so beams that share a turn number do not share random streams."""
     children = []
+    turn_idx = len(beam.episode.turns)
     for j, (candidate, score) in enumerate(zip(candidates, scores)):
-        child = beam.episode.fork(seed=derive_seed(beam.episode.seed, "beam", len(beam.episode.turns), j))
+        child = beam.episode.fork(seed=derive_seed(beam.episode.seed, "beam", turn_idx, j))
         engine.apply(child, candidate)
-        children.append(Beam(child, beam.step_scores + [score]))
+        children.append(Beam(child, beam.step_scores + [score],
+                             beam.choices + [choice(turn_idx, candidates, scores, j)]))
     return children
 
 
 def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, beam_width: int, iterations: int,
                 sampling: Sampling, aggregation: str = "last",
                 label: str = "beam_search") -> tuple[list[Episode], list[SearchCost]]:
-    """Search every root game; return the chosen trajectory per root (under the root's id and seed) and its cost.
+    """Search every root game; return the chosen trajectory per root (under the root's id and seed) and its cost,
+    whose ``choices`` are those on the chosen trajectory.
 
     Each iteration: one ``propose`` call for all live beams of all games and one PRM call for all their
     distinct candidates.
@@ -87,8 +91,9 @@ def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, bea
                         sum(candidate.new_tokens for candidates in proposals for candidate in candidates),
                         force=not any(live))
     chosen = []
-    for root, done, beams in zip(roots, finished, live):
-        best = max(done or beams, key=lambda b: b.score(aggregation)).episode
-        best.seed = root.seed
-        chosen.append(best)
+    for root, cost, done, beams in zip(roots, costs, finished, live):
+        best = max(done or beams, key=lambda b: b.score(aggregation))
+        best.episode.seed = root.seed
+        cost.choices = best.choices
+        chosen.append(best.episode)
     return chosen, costs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
-from clemprm.search import SearchCost, score_candidates
+from clemprm.search import SearchCost, choice, score_candidates
 
 
 def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampling: Sampling,
@@ -11,7 +11,8 @@ def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampl
     """Play ``episodes`` to the end, each turn choosing among ``n`` candidates by PRM score; return each one's cost.
 
     Each step: one ``propose`` call for all waiting episodes of all games and one PRM call for all their
-    candidates. Ties go to the first candidate, which is the answer plain sampling would have played.
+    candidates. Ties go to the first candidate, which is the answer plain sampling would have played. Each turn's
+    candidates, their scores and the pick go into the episode's cost (``choices``).
     """
     costs = [SearchCost() for _ in episodes]
     progress = Progress(len(episodes), label)
@@ -26,7 +27,9 @@ def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampl
             tokens += sum(candidate.new_tokens for candidate in candidates)
             if candidates:
                 turns += 1
-                engine.apply(episode, candidates[max(range(len(candidates)), key=candidate_scores.__getitem__)])
+                best = max(range(len(candidates)), key=candidate_scores.__getitem__)
+                costs[index].choices.append(choice(len(episode.turns), candidates, candidate_scores, best))
+                engine.apply(episode, candidates[best])
         live = [index for index in live if not episodes[index].done]
         progress.update(len(episodes) - len(live), turns, tokens, force=not live)
     return costs
