@@ -17,6 +17,7 @@ import jsonschema
 import yaml
 
 from clemprm.modes import MODES, RL_ALGORITHMS
+from clemprm.tracking import TRACKERS
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -32,10 +33,12 @@ class ConfigError(ValueError):
 
 
 def _schema() -> dict:
-    """The config schema, with the eval modes and RL algorithms of :mod:`clemprm.modes` as the allowed values."""
+    """The config schema, with the eval modes and RL algorithms of :mod:`clemprm.modes` and the trackers of
+    :mod:`clemprm.tracking` as the allowed values."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["properties"]["eval"]["properties"]["modes"]["items"] = {"enum": list(MODES)}
     schema["properties"]["rl"]["properties"]["algorithms"]["items"] = {"enum": list(RL_ALGORITHMS)}
+    schema["properties"]["tracking"]["properties"]["report_to"] = {"enum": list(TRACKERS)}
     return schema
 
 
@@ -102,11 +105,20 @@ def validate_config(config: dict) -> dict:
             key = ".".join(filter(None, [key if first.absolute_path else "", extra[0]]))
             raise ConfigError(f"config key '{key}': unknown key (allowed: "
                               f"{', '.join(sorted(first.schema.get('properties', {})))})")
-        raise ConfigError(f"config key '{key}': {first.message}")
+        raise ConfigError(f"config key '{key}': {error_message(first)}")
     cross = cross_key_problem(config)
     if cross:
         raise ConfigError(cross)
     return config
+
+
+def error_message(error: jsonschema.ValidationError) -> str:
+    """The schema's objection to a value; for a value matching none of its alternatives (``oneOf``, ``anyOf``), each
+    alternative's (``8 is less than the minimum of 16, or 'auto' was expected``), not jsonschema's "not valid under
+    any of the given schemas"."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        return ", or ".join(alternative.message for alternative in error.context)
+    return error.message
 
 
 OFFLINE_SPECS = ("embedded:", "tiny:")

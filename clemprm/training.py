@@ -24,6 +24,7 @@ from pathlib import Path
 
 from clemprm import distributed, records
 from clemprm.config import provenance
+from clemprm.tracking import TrackingRun, trainer_settings
 
 OPTIMIZER_AUTO = {"cuda": "paged_adamw_8bit", "cpu": "adamw_torch"}
 
@@ -203,13 +204,15 @@ def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list
 
 
 def trainer_arguments(section: dict, *, key: str, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
-                      has_validation: bool, optimizer: str, gradient_checkpointing: bool, weight_decay: float) -> dict:
+                      has_validation: bool, optimizer: str, gradient_checkpointing: bool, weight_decay: float,
+                      tracking: TrackingRun) -> dict:
     """The ``TrainingArguments`` (and TRL ``SFTConfig``) settings SFT and the PRM share, from a stage's section
     ``key`` (``lr``, ``epochs``, ``scheduler``, ``warmup_ratio``, ``batch_size``): with a validation side, an
     evaluation before training (:func:`initial_evaluation`), an evaluation and a checkpoint per epoch and the best
-    epoch's weights loaded at the end (early stopping reads the eval loss); length-grouped batches; progress as log lines (:func:`progress_callback`), no tracker. Over several
-    processes (the Trainer's DDP) each accumulates ``grad_accum / processes`` batches: the effective batch stays
-    ``batch_size x grad_accum``."""
+    epoch's weights loaded at the end (early stopping reads the eval loss); length-grouped batches; progress as log
+    lines (:func:`progress_callback`) and, every optimizer step, to the ``tracking`` run's tracker
+    (:mod:`clemprm.tracking`). Over several processes (the Trainer's DDP) each accumulates ``grad_accum / processes``
+    batches: the effective batch stays ``batch_size x grad_accum``."""
     import torch
 
     processes = distributed.world_size()
@@ -240,7 +243,7 @@ def trainer_arguments(section: dict, *, key: str, seed: int, output_dir: str, de
         activation_checkpointing=gradient_checkpointing,     # transformers 5 name of gradient_checkpointing
         activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
         train_sampling_strategy="group_by_length",   # similar lengths per batch: less padding
-        logging_strategy="steps", logging_steps=1, report_to="none", disable_tqdm=True,
+        logging_strategy="steps", logging_steps=1, **trainer_settings(tracking), disable_tqdm=True,
         dataloader_pin_memory=device == "cuda", **per_epoch)
 
 

@@ -1,4 +1,5 @@
-"""Set-up shared by the rule scripts: logging into the rule's log file, the job's environment and its processes."""
+"""Set-up shared by the rule scripts: logging into the rule's log file, the job's environment and its processes, the
+training jobs' tracker run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 from clemprm import distributed
 from clemprm.config import job_environment
+from clemprm.tracking import TrackingRun
 
 
 def setup_job(snakemake) -> None:
@@ -49,3 +51,11 @@ def run_processes(processes: int, threads: int, log_file) -> int:
     log_file.write(f"starting {processes} processes ({threads} CPU threads each): {' '.join(command)}\n")
     return subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT,
                           env={**os.environ, "OMP_NUM_THREADS": str(threads)}).returncode
+
+
+def tracking_run(snakemake) -> TrackingRun:
+    """A training job's run in the tracker of ``tracking.report_to``, named after its rule and wildcards
+    (``sft_adapter``, ``rl_adapter/grpo``), its files under ``results/tracking/``. Read from the config, not the
+    rule's params: changing the tracker reruns nothing. Fails here, before a model loads, when the tracker is not
+    installed."""
+    return TrackingRun(snakemake.config["tracking"]["report_to"], "/".join([snakemake.rule, *snakemake.wildcards]))

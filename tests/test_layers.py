@@ -11,7 +11,8 @@ LIBRARY = Path(__file__).resolve().parent.parent / "clemprm"
 
 # bottom up; a module's floor is that of the longest prefix listed
 FLOORS = [
-    ("clemprm", "clemprm.config", "clemprm.distributed", "clemprm.modes", "clemprm.records", "clemprm.stats"),
+    ("clemprm", "clemprm.config", "clemprm.distributed", "clemprm.modes", "clemprm.records", "clemprm.stats",
+     "clemprm.tracking"),
     ("clemprm.games",),
     ("clemprm.play",),
     ("clemprm.models",),

@@ -8,6 +8,7 @@ fixture games (tests/test_clembench.py checks those, and a game whose every epis
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -263,7 +264,8 @@ def _none_as_nan(value):
 def test_every_rule_logs_and_benchmarks(completed_run):
     results = completed_run.workdir / "results"
     finished = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", completed_run.output)) - {"all"}
-    assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures"} <= finished
+    assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures",
+            "eval_transcripts"} <= finished
     for rule in finished:   # a rule with wildcards (a label shard, a merge) logs into a folder of its name
         name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft", "rl_adapter": "rl_adapter/grpo",
                 "eval_mode": "eval/greedy_rl_grpo"}.get(rule, rule)
@@ -283,6 +285,19 @@ def test_snakemake_report(completed_run, tmp_path):
     warnings = (completed_run.workdir / "results/report/warnings.html").read_text()
     headline = re.sub(r"<[^>]+>", "", warnings.split("</p>")[0]).strip()
     assert headline.startswith("WARNING: ") and headline in page, headline
+    # the transcripts (rule eval_transcripts): per mode and game a won and a lost episode where there are (every game
+    # has one or the other), a search's choices beside them; every page in the report as written, with its labels
+    transcripts = completed_run.workdir / "results/report/transcripts"
+    pages = sorted(transcripts.rglob("*.html"))
+    modes = {path.relative_to(transcripts).parts[0] for path in pages}
+    assert modes == set(DEFAULT_EVAL_MODES) and {path.parent.name for path in pages} == set(GAMES)
+    assert {path.stem for path in pages if path.parts[-3] == "best_of_n"} >= {"lost", "lost_choices"}
+    assert not any(path.stem.endswith("_choices") for path in pages if path.parts[-3].startswith("greedy"))
+    embedded = json.loads(re.search(r"var results = (\{.*?\});\n", page).group(1))
+    for path in pages:
+        entry = embedded[str(path.relative_to(completed_run.workdir))]
+        assert entry["labels"] == {"game": path.parent.name, "page": path.stem}
+        assert base64.b64decode(entry["data_uri"].split(",", 1)[1]).decode() == path.read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------ rerun triggers, on the completed run
@@ -308,7 +323,8 @@ RERUNS = {
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
-             {"beam_search", "eval_summary", "eval_report_figures", "self_correction_figure", "all"}, None),
+             {"beam_search", "eval_summary", "eval_report_figures", "eval_transcripts", "self_correction_figure",
+              "all"}, None),
     # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
     "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "eval_summary"},
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}),
@@ -318,6 +334,8 @@ RERUNS = {
                                "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
+    # nor is the tracker the training curves go to
+    "tracking": ({"tracking": {"report_to": "tensorboard"}}, set(), None),
 }
 
 

@@ -1,4 +1,4 @@
-from clemprm.workflow import setup_job
+from clemprm.workflow import setup_job, tracking_run
 
 setup_job(snakemake)
 
@@ -6,4 +6,4 @@ from clemprm.stages import prm  # noqa: E402  (after setup_job: offline mode is 
 
 prm.train_prm(snakemake.params.settings, snakemake.input.labels, snakemake.output.adapter, snakemake.output.metrics,
               snakemake.config["cache_dir"], sft_adapter=snakemake.input.sft_adapter,
-              on_failure=snakemake.config["on_failure"])
+              on_failure=snakemake.config["on_failure"], tracking=tracking_run(snakemake))

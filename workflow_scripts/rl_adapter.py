@@ -1,4 +1,4 @@
-from clemprm.workflow import setup_job
+from clemprm.workflow import setup_job, tracking_run
 
 setup_job(snakemake)
 
@@ -6,4 +6,4 @@ from clemprm.rl import trainer  # noqa: E402  (after setup_job: offline mode is 
 
 trainer.train_rl(snakemake.params.settings, snakemake.input.get("sft_adapter") or None, snakemake.output.adapter,
                  snakemake.output.metrics, snakemake.config["cache_dir"], states=snakemake.input.get("states") or None,
-                 on_failure=snakemake.config["on_failure"])
+                 on_failure=snakemake.config["on_failure"], tracking=tracking_run(snakemake))

@@ -15,7 +15,8 @@ game code:
 * each game's Python imports resolve: the modules its ``master.py`` imports at module level, followed through the
   game's own modules (read with :mod:`ast`, never executed), must be importable here;
 * the NLTK data a game downloads at import time (``nltk.download("stopwords")`` in taboo, ``"wordnet"`` in taboo
-  and codenames) is installed: offline the download fails and the game breaks later, inside a job.
+  and codenames) is installed: offline the download fails and the game breaks later, inside a job;
+* the tracker of ``tracking.report_to`` is installed (:func:`clemprm.tracking.tracker_problem`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+
+from clemprm.tracking import tracker_problem
 
 NLTK_DATA_FOLDERS = ("corpora", "tokenizers", "taggers", "chunkers", "grammars", "models", "misc", "sentiment",
                      "stemmers")
@@ -49,6 +52,8 @@ def check_config_inputs(config: dict) -> None:
     problems += clembench_problems(config["games"])
     problems += experiment_problems(config["games"])
     problems += generation_problems(config.get("generation") or {})
+    tracker = tracker_problem(config["tracking"]["report_to"])
+    problems += [tracker] if tracker else []
     if problems:
         raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
 

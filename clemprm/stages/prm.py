@@ -40,6 +40,7 @@ from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
 from clemprm.model_card import write_adapter_card
+from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite, initial_evaluation,
                               keep_4bit_differentiable, lora_config, progress_callback, shared_scratch_beside,
                               split_instances, step_grouped, trainer_arguments, write_adapter)
@@ -116,13 +117,13 @@ def effective_grad_accum(batch_size: int, grad_accum: int, n_train: int) -> int:
 
 
 def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, grad_accum: int,
-                   has_validation: bool):
+                   has_validation: bool, tracking: TrackingRun):
     from transformers import TrainingArguments
 
     return TrainingArguments(
         **trainer_arguments(prm, key="prm", seed=seed, output_dir=output_dir, device=device, dtype=dtype, grad_accum=grad_accum,
                             has_validation=has_validation, optimizer=OPTIMIZER_AUTO[device],
-                            gradient_checkpointing=device == "cuda", weight_decay=0.0),
+                            gradient_checkpointing=device == "cuda", weight_decay=0.0, tracking=tracking),
         label_names=["labels"], remove_unused_columns=False)
 
 
@@ -226,9 +227,9 @@ def _as_dataset(examples: list[Example], by_state: bool, weights: dict[int, floa
 
 
 def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validation: list[Example], output_dir: str,
-           device: str, dtype) -> tuple[object, dict]:
-    """Train the PEFT model; return it (the best epoch's weights when there is a validation side) and the
-    training part of the metrics."""
+           device: str, dtype, tracking: TrackingRun) -> tuple[object, dict]:
+    """Train the PEFT model, its curves to the ``tracking`` run (inside :func:`~clemprm.tracking.tracker_environment`);
+    return it (the best epoch's weights when there is a validation side) and the training part of the metrics."""
     from transformers import EarlyStoppingCallback, PrinterCallback
 
     by_state = prm["pairwise_weight"] > 0
@@ -238,7 +239,8 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         log.info("prm: %d train %s make %d batches of %d: gradient accumulation capped at %d (of %d) so that "
                  "every epoch makes an optimizer step", train_rows, "states" if by_state else "pairs",
                  math.ceil(train_rows / prm["batch_size"]), prm["batch_size"], grad_accum, prm["grad_accum"])
-    args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation))
+    args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation),
+                          tracking=tracking)
     callbacks = [progress_callback("prm")]
     if validation:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
@@ -333,10 +335,12 @@ def gate_marks(gate: dict, on_failure: str) -> list:
 
 
 def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop") -> dict:
+              cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop",
+              tracking: TrackingRun = OFF) -> dict:
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
     metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
-    policy whose log-probabilities are a baseline (None: the base policy). A PRM that fails its quality gate
+    policy whose log-probabilities are a baseline (None: the base policy). ``tracking``: the tracker run that gets
+    every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
     (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) stops the stage naming the metric and the
     baseline, or with ``on_failure: continue`` is written with a failure mark (:mod:`clemprm.checks.run_time`)."""
     import transformers
@@ -391,10 +395,10 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     sides = {"train": train, "validation": validation, "heldout": heldout}
     ranked = "heldout" if heldout else "validation"
 
-    with shared_scratch_beside(adapter_dir) as scratch:
+    with shared_scratch_beside(adapter_dir) as scratch, tracker_environment(tracking):
         if train:
             model, training = _train(model, tokenizer, prm, seed, train, validation, str(scratch / "checkpoints"),
-                                     device, resolve_dtype(cfg, device))
+                                     device, resolve_dtype(cfg, device), tracking)
             metrics.update(training)
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)

@@ -48,6 +48,7 @@ from clemprm import records
 from clemprm.checks.run_time import check_not_empty, fail_or_warn, marks_metadata
 from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render_prompt
 from clemprm.model_card import write_adapter_card
+from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
                               finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config, progress_callback,
                               sample_at_most, shared_scratch_beside, split_instances, step_grouped,
@@ -179,7 +180,8 @@ def _as_dataset(examples: list[Example]):
     })
 
 
-def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_validation: bool):
+def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_validation: bool,
+                tracking: TrackingRun):
     from trl import SFTConfig
 
     gradient_checkpointing = sft["gradient_checkpointing"]
@@ -189,14 +191,16 @@ def _sft_config(sft: dict, seed: int, output_dir: str, device: str, dtype, has_v
     return SFTConfig(
         **trainer_arguments(sft, key="sft", seed=seed, output_dir=output_dir, device=device, dtype=dtype,
                             grad_accum=sft["grad_accum"], has_validation=has_validation, optimizer=optimizer,
-                            gradient_checkpointing=gradient_checkpointing, weight_decay=sft["weight_decay"]),
+                            gradient_checkpointing=gradient_checkpointing, weight_decay=sft["weight_decay"],
+                            tracking=tracking),
         max_length=sft["max_length"], packing=False, completion_only_loss=True, assistant_only_loss=False)
 
 
 def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None, on_failure: str = "stop") -> dict:
+              cache_dir: str | None = None, on_failure: str = "stop", tracking: TrackingRun = OFF) -> dict:
     """Fine-tune ``settings["model"]`` on the pairs of ``data_path`` (+ ``sft.extra_data``); write the adapter
-    folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft.
+    folder and the metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, sft;
+    ``tracking``: the tracker run that gets every step's loss (:mod:`clemprm.tracking`).
     Without any win to learn from the stage fails (:mod:`clemprm.checks.run_time`), unless ``on_failure`` is
     continue: then the adapter is untrained and the metrics say so (``status``, and the stage's failure mark)."""
     import torch
@@ -266,7 +270,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         **marks_metadata(marks),
     }
 
-    with shared_scratch_beside(adapter_dir) as scratch:
+    with shared_scratch_beside(adapter_dir) as scratch, tracker_environment(tracking):
         if not train:
             # nothing to learn from (e.g. a base policy without wins): an untrained adapter (LoRA B = 0) is
             # exactly the base policy, so downstream stages still run; the metrics say so.
@@ -276,7 +280,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
                            eval_loss=None, eval_token_accuracy=None, history=[])
         else:
             args = _sft_config(sft, seed, str(scratch / "checkpoints"), device, resolve_dtype(cfg, device),
-                               has_validation=bool(validation))
+                               has_validation=bool(validation), tracking=tracking)
             callbacks = [progress_callback()]
             if validation:
                 callbacks.append(EarlyStoppingCallback(early_stopping_patience=sft["early_stopping_patience"]))

@@ -20,8 +20,9 @@ def _pins(requirements: list[str]) -> dict[str, str]:
 
 def test_conda_env_pins_the_packages_of_pyproject_and_a_cuda_torch():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    # the dependencies and the `clembench` extra (the packages the clembench games import)
-    project = _pins(pyproject["dependencies"] + pyproject["optional-dependencies"]["clembench"])
+    # the dependencies, the `clembench` extra (the packages the clembench games import) and the `tracking` extra
+    extras = pyproject["optional-dependencies"]
+    project = _pins(pyproject["dependencies"] + extras["clembench"] + extras["tracking"])
     env = yaml.safe_load((REPO / "envs" / "clemprm.yaml").read_text())
     assert any(str(dep).startswith("python=3.11") for dep in env["dependencies"])
     pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict) and "pip" in dep)
