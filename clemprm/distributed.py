@@ -9,7 +9,7 @@ is the identity, and torch is never imported for it.
   into the items' order on every rank (:func:`map_split`): every episode has its own seed, so the records equal a
   single process's. A stage that does not split runs the same work on every rank; the records are the same either way.
 * Training runs the Trainer's own DDP (the effective batch is kept: :func:`accumulation_steps`); the RL trainer
-  all-reduces its gradients.
+  splits its groups' rollouts and its trained turns over the ranks and sums the gradients (:func:`sum_gradients`).
 * Rank 0 alone writes files (:func:`is_main`: the record writer, the JSON writer and the adapter writer ask it).
 
 The process group uses NCCL on CUDA (one GPU per process: ``LOCAL_RANK``) and gloo on the CPU, where the tests run
@@ -98,11 +98,34 @@ def map_split(items: list[T], work: Callable[[list[T]], list[R]]) -> list[R]:
     size = world_size()
     if size == 1:
         return work(items)
-    mine = work(items[rank()::size])
-    if len(mine) != len(items[rank()::size]):
-        raise ValueError(f"map_split: work returned {len(mine)} results for {len(items[rank()::size])} items")
+    items_here = share(items)
+    mine = work(items_here)
+    if len(mine) != len(items_here):
+        raise ValueError(f"map_split: work returned {len(mine)} results for {len(items_here)} items")
     parts = all_gather(mine)
     return [parts[index % size][index // size] for index in range(len(items))]
+
+
+def share(items: list[T]) -> list[T]:
+    """This rank's round-robin share of ``items`` (all of them with one process)."""
+    return items[rank()::world_size()]
+
+
+def sum_gradients(params: list) -> None:
+    """Every parameter's ``.grad`` summed over the ranks, in place, on every rank (one all-reduce of one flat
+    buffer). A parameter without a gradient on some rank counts as zero there; with one process nothing happens."""
+    if not _group_ready():
+        return
+    import torch
+    import torch.distributed as dist
+
+    grads = [param.grad if param.grad is not None else torch.zeros_like(param) for param in params]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for param, grad in zip(params, grads):
+        param.grad = flat[offset:offset + grad.numel()].view_as(param).clone()
+        offset += grad.numel()
 
 
 def accumulation_steps(grad_accum: int, key: str) -> int:

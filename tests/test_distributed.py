@@ -18,6 +18,7 @@ import pytest
 
 from clemprm import records
 from tests.conftest import copy_of_run
+from tests.test_rl import forced_prompt, half_and_half_sft  # noqa: F401 (fixtures of the RL job)
 from tests.test_workflow import snakemake
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,3 +127,44 @@ def test_training_in_two_processes_gives_the_weights_of_one(trained, stage):
     assert metrics[0]["steps"] == metrics[1]["steps"] > 0 and metrics[0]["best_epoch"] == metrics[1]["best_epoch"]
     for key in ("train_loss", "eval_loss", "initial_eval_loss"):
         assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5), key
+
+
+@pytest.fixture(scope="module")
+def rl_trained(half_and_half_sft, tmp_path_factory, test_cache_dir) -> dict[int, Path]:
+    """tests/distributed/rl_job.py (GRPO and PRIME steps) at world size 1 and 2."""
+    script, env = str(REPO / "tests/distributed/rl_job.py"), {**os.environ, "HF_HUB_OFFLINE": "1",
+                                                               "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    out = {}
+    for size, launcher in ((1, []), (2, ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])):
+        out[size] = tmp_path_factory.mktemp(f"rl-world-{size}")
+        done = subprocess.run([sys.executable, *launcher, script, half_and_half_sft, str(out[size]), test_cache_dir],
+                              capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "prime"])
+def test_rl_steps_in_two_processes_give_the_weights_of_one(rl_trained, algorithm):
+    """Each process plays one of the step's two groups and backpropagates half of the trained turns (PRIME: half
+    of the implicit PRM's sequences too); the gradients summed over the processes are one process's: the same
+    rollouts, the same step metrics and the same policy (and PRM) weights."""
+    one, two = [json.loads((rl_trained[size] / f"{algorithm}_history.json").read_text()) for size in (1, 2)]
+    assert [step["trained_turns"] for step in one] == [step["trained_turns"] for step in two]
+    for key in ("reward", "episodes", "tokens", "instances", "success_rate"):
+        assert [step[key] for step in one] == [step[key] for step in two], key
+    assert all(step["trained_turns"] > 0 for step in one)
+    for step_one, step_two in zip(one, two):
+        for key in ("loss", "kl", "grad_norm"):
+            assert step_one[key] == pytest.approx(step_two[key], rel=1e-5, abs=1e-7), key
+    folders = [rl_trained[size] / algorithm for size in (1, 2)]
+    if algorithm == "prime":
+        folders += [folder / "prm" for folder in folders]
+        assert one[-1]["implicit_prm"]["bce"] == pytest.approx(two[-1]["implicit_prm"]["bce"], rel=1e-5)
+    for single, double in zip(folders[::2] if algorithm == "prime" else folders[:1],
+                              folders[1::2] if algorithm == "prime" else folders[1:]):
+        a, b = adapter_weights(single), adapter_weights(double)
+        assert a.keys() == b.keys() and a
+        # measured: 1.5e-5 at most, where 2 steps at lr 5e-3 move each weight by up to 1e-2: the summed gradients
+        # differ from one process's in the last bits (another order of addition), which Adam's division by the
+        # root of its second moment enlarges for entries near 0
+        assert max((a[name] - b[name]).abs().max().item() for name in a) <= 1e-4, single

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -158,37 +158,54 @@ def tiny_policy(tmp_path_factory, test_cache_dir):
     return load_policy({**tiny_config()["model"], "max_context_tokens": 2048}, test_cache_dir)
 
 
+# the shard as a job of its own; with a third argument N, the job is killed with SIGKILL right after the checkpoint's
+# N-th part is written, as a preempted job would be mid-way: the process, and under torchrun first torchrun (the
+# other ranks then lose rank 0 and end too)
 RESUMABLE_SHARD = """
-import logging, sys, yaml
+import logging, os, signal, sys, yaml
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+from clemprm import distributed
 from clemprm.stages import labels
+distributed.init_from_environment()
+if len(sys.argv) > 3:
+    save = labels.ShardCheckpoint.save
+    def save_then_die(checkpoint, rows):
+        save(checkpoint, rows)
+        if len(checkpoint._parts()) == int(sys.argv[3]):
+            if distributed.world_size() > 1:
+                os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+    labels.ShardCheckpoint.save = save_then_die
 settings = yaml.safe_load(open("settings.yaml"))
 labels.soft_labels_shard(settings, "bp.parquet", None, 0, 1, sys.argv[1], cache_dir=sys.argv[2])
 """
 
 
-def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(tiny_policy, tmp_path, test_cache_dir):
+@pytest.mark.parametrize("killed_processes", [1, 2])
+def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(killed_processes, tiny_policy, tmp_path,
+                                                                         test_cache_dir):
+    """Killed after its second checkpoint chunk (in one process, or in two under torchrun, each labelling half of
+    every chunk), the shard rerun in one process labels only what the checkpoint lacks: the labels of a run that
+    was never interrupted."""
     config = tiny_config(games={"builtin": ["guessnumber", "oddoneout"]})
-    settings = settings_for(config, checkpoint_every=1, k=4, max_new_tokens=16)
+    settings = settings_for(config, checkpoint_every=killed_processes, k=4, max_new_tokens=16)
     labels.branch_points(settings, None, tmp_path / "episodes.parquet", tmp_path / "bp.parquet", policy=tiny_policy)
     (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
     (tmp_path / "shard.py").write_text(RESUMABLE_SHARD)
     command = [sys.executable, "shard.py", "resumed.parquet", test_cache_dir]
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] if killed_processes > 1 else []
 
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed = subprocess.run([command[0], *launcher, *command[1:], "2"], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     checkpoint = tmp_path / "resumed.parquet.ckpt"
-    deadline = time.monotonic() + 300
-    while not (checkpoint / "part-00001.parquet").exists() and job.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    job.send_signal(signal.SIGKILL)
-    job.wait()
-    assert job.returncode == -signal.SIGKILL, "the shard finished before it could be killed"
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert len(list(checkpoint.glob("part-*.parquet"))) == 2
     assert not (tmp_path / "resumed.parquet").exists()
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     done_before = int(re.search(r"(\d+) done in the checkpoint", rerun.stdout).group(1))
-    assert done_before >= 2
+    assert done_before == 2 * killed_processes, rerun.stdout[-3000:]   # the two parts' branch points
     assert not checkpoint.exists()
 
     uninterrupted = labels.soft_labels_shard(settings, tmp_path / "bp.parquet", None, 0, 1,

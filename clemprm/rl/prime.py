@@ -40,6 +40,7 @@ import math
 
 import torch
 
+from clemprm import distributed
 from clemprm.rl.grpo import episode_advantages, summary
 from clemprm.rl.logprobs import answer_logprobs, frozen, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
@@ -80,34 +81,44 @@ class ImplicitPRM:
 
     def accumulate_gradients(self, sequences: list[Sequence]) -> tuple[dict, dict[int, torch.Tensor]]:
         """Gradients of the mean ``BCE(sigmoid(beta * sum_t q_t), success)`` over ``sequences`` into the PRM's
-        ``.grad``, one turn's graph at a time. Returns the loss statistics (before any update) and ``q`` of every
-        turn (detached, by ``id(turn)``)."""
+        ``.grad``, one turn's graph at a time (several processes: each its share of the sequences, the gradients
+        summed). Returns the loss statistics (before any update) and ``q`` of every turn (detached, on the CPU, by
+        ``id(turn)``)."""
         params = self.parameters()
         scored = [sequence for sequence in sequences if sequence.turns]
         totals = [torch.zeros_like(param) for param in params]
-        log_ratios: dict[int, torch.Tensor] = {}
-        losses, correct = [], 0
-        for sequence in scored:
-            for param in params:
-                param.grad = None
-            total = 0.0
-            for turn in sequence.turns:
-                q = self.log_ratios(turn)
-                q.sum().backward()
-                log_ratios[id(turn)] = q.detach()
-                total += float(q.detach().sum())
-            logit, label = self.beta * total, float(sequence.success)
-            probability = 0.5 * (1 + math.tanh(logit / 2))   # sigmoid, without overflow
-            losses.append(bce_with_logit(logit, label))
-            correct += (probability > 0.5) == bool(label)
-            weight = self.beta * (probability - label) / len(scored)   # dBCE/d(sum q), averaged over sequences
-            for param, accumulated in zip(params, totals):
-                if param.grad is not None:
-                    accumulated.add_(param.grad, alpha=weight)
+
+        def backward(share: list[Sequence]) -> list[dict]:
+            results = []
+            for sequence in share:
+                for param in params:
+                    param.grad = None
+                log_ratios, total = [], 0.0
+                for turn in sequence.turns:
+                    q = self.log_ratios(turn)
+                    q.sum().backward()
+                    log_ratios.append(q.detach().cpu())
+                    total += float(q.detach().sum())
+                logit, label = self.beta * total, float(sequence.success)
+                probability = 0.5 * (1 + math.tanh(logit / 2))   # sigmoid, without overflow
+                weight = self.beta * (probability - label) / len(scored)   # dBCE/d(sum q), averaged over sequences
+                for param, accumulated in zip(params, totals):
+                    if param.grad is not None:
+                        accumulated.add_(param.grad, alpha=weight)
+                results.append({"log_ratios": log_ratios, "loss": bce_with_logit(logit, label),
+                                "correct": (probability > 0.5) == bool(label)})
+            return results
+
+        per_sequence = distributed.map_split(scored, backward)
         for param, accumulated in zip(params, totals):
             param.grad = accumulated
+        distributed.sum_gradients(params)
+        log_ratios = {id(turn): q for sequence, result in zip(scored, per_sequence)
+                      for turn, q in zip(sequence.turns, result["log_ratios"])}
+        losses = [result["loss"] for result in per_sequence]
         stats = {"bce": sum(losses) / len(losses) if losses else None,
-                 "accuracy": correct / len(scored) if scored else None, "sequences": len(scored)}
+                 "accuracy": sum(result["correct"] for result in per_sequence) / len(scored) if scored else None,
+                 "sequences": len(scored)}
         return stats, log_ratios
 
 

@@ -33,14 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
+from clemprm import distributed
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.stats import derive_seed
 from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
 from clemprm.rl.grpo import summary
 from clemprm.rl.logprobs import merged_for_generation
 from clemprm.rl.rollouts import Group, Sequence, play_groups
-from clemprm.rl.trainer import POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model
+from clemprm.rl.trainer import POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model, tracked_history
 from clemprm.model_card import write_adapter_card
+from clemprm.tracking import OFF, TrackingRun
 from clemprm.training import write_adapter
 
 log = logging.getLogger(__name__)
@@ -162,7 +164,13 @@ class ScoreTrainer:
                                  objective=self.stages[1], reward_of=success_binary)
 
     def second_attempts(self, first: list[Group], step: int) -> list[Group]:
-        """Attempt 2 of every attempt-1 episode of ``first``, played by the current policy in lockstep."""
+        """Attempt 2 of every attempt-1 episode of ``first``, played by the current policy in lockstep (several
+        processes: each its share of the groups, every one gets them all)."""
+        self.trainer.model.eval()
+        with merged_for_generation(self.trainer.model, POLICY_ADAPTER):
+            return distributed.map_split(first, lambda share: self.play_second_attempts(share, step))
+
+    def play_second_attempts(self, first: list[Group], step: int) -> list[Group]:
         trainer = self.trainer
         episodes, owner = [], []
         for index, group in enumerate(first):
@@ -172,10 +180,8 @@ class ScoreTrainer:
                     trainer.engine, group.instance, [trainer.policy], row, episode_id,
                     derive_seed(self.seed, "score attempt 2", step, episode_id), self.score["instruction"]))
                 owner.append(index)
-        trainer.model.eval()
-        with merged_for_generation(trainer.model, POLICY_ADAPTER):
-            return play_groups(trainer.engine, trainer.policy, [group.instance for group in first], episodes, owner,
-                               step=step, sampling=trainer.sampling, reward_of=trainer.reward_of, label="attempt 2")
+        return play_groups(trainer.engine, trainer.policy, [group.instance for group in first], episodes, owner,
+                           step=step, sampling=trainer.sampling, reward_of=trainer.reward_of, label="attempt 2")
 
     def step(self, instances: list[Instance], step: int, stage: int) -> dict:
         """One SCoRe step of ``stage`` on ``instances``; its metrics."""
@@ -222,9 +228,10 @@ def stage_summary(history: list[dict], stage: int) -> dict:
 
 
 def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path: str,
-                cache_dir: str | None = None) -> dict:
+                cache_dir: str | None = None, tracking: TrackingRun = OFF) -> dict:
     """The ``score_adapter`` stage: SCoRe's two stages on the SFT policy, on the train split of ``score.games``;
-    writes the policy adapter and the per-stage, per-step metrics. ``settings``: seed, model, games, score."""
+    writes the policy adapter and the per-stage, per-step metrics (each step's also to the ``tracking`` run).
+    ``settings``: seed, model, games, score."""
     from clemprm.models.loader import resolve_quantization
     from clemprm.training import finish_metrics
 
@@ -243,8 +250,8 @@ def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path
     log.info("score: stage I %d steps, stage II %d steps, %d instances x %d episodes x 2 attempts, games %s, from %s",
              score["stage1_steps"], score["stage2_steps"], score["instances_per_step"], score["group_size"],
              ", ".join(score["games"]), sft_adapter)
-    history = [trainer.step(instances, index, 1 if index < score["stage1_steps"] else 2)
-               for index, instances in enumerate(schedule)]
+    history = tracked_history((trainer.step(instances, index, 1 if index < score["stage1_steps"] else 2)
+                               for index, instances in enumerate(schedule)), tracking)
     write_adapter(model, cfg.spec, adapter_dir, [POLICY_ADAPTER])
     metrics = {"status": "trained", "method": "score",
                "model": {"spec": cfg.spec, "sft_adapter": str(sft_adapter), "device": trainer.trainer.device,

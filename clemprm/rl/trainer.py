@@ -51,6 +51,7 @@ import logging
 import random
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -67,6 +68,7 @@ from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import TURN_SOURCES, reward_function, turn_reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups, collect_state_groups
 from clemprm.model_card import write_adapter_card
+from clemprm.tracking import OFF, TrackingRun, open_run
 from clemprm.training import OPTIMIZER_AUTO, write_adapter
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ def load_training_model(model_settings: dict, sft_adapter: str | None, cache_dir
     (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference.
     With ``lora`` (``rl.lora``) every one of them is a fresh LoRA of that shape on the base instead (B = 0: each
     starts equal to the base, so the PRM equals its reference)."""
-    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+    from clemprm.models.loader import ModelConfig, load_extra_adapter, load_tokenizer_and_model
     from clemprm.training import device_name, keep_4bit_differentiable
 
     if lora is None and sft_adapter is None:
@@ -96,8 +98,8 @@ def load_training_model(model_settings: dict, sft_adapter: str | None, cache_dir
     if lora is not None:
         model = fresh_lora(model, lora, [PRM_ADAPTER, REFERENCE_ADAPTER] if implicit_prm else [])
     elif implicit_prm:
-        model.load_adapter(str(sft_adapter), adapter_name=PRM_ADAPTER, is_trainable=True)
-        model.load_adapter(str(sft_adapter), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        load_extra_adapter(model, str(sft_adapter), PRM_ADAPTER, trainable=True)
+        load_extra_adapter(model, str(sft_adapter), REFERENCE_ADAPTER, trainable=False)
     if implicit_prm:
         model.set_adapter(POLICY_ADAPTER)
         for name, param in model.named_parameters():  # set_adapter froze all but the active adapter
@@ -189,13 +191,13 @@ def step_normaliser(turns: list[Turn], length_normalisation: str, max_new_tokens
 
 
 def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, normaliser: float,
-                                compute_dtype=None, loss: str = "policy_gradient") -> dict:
-    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; statistics.
-    ``loss: importance_sampling`` takes the ratio to each turn's ``sampler_logprobs``."""
+                                compute_dtype=None, loss: str = "policy_gradient") -> list[dict]:
+    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; per trained turn its
+    loss, summed K3, tokens and (``loss: importance_sampling``, which takes the ratio to each turn's
+    ``sampler_logprobs``) its tokens' log(trainer / sampler)."""
     if loss not in LOSSES:
         raise ValueError(f"rl.loss: unknown loss {loss!r} (known: {', '.join(LOSSES)})")
-    loss_sum, k3_sum, trained_tokens, trained_turns = 0.0, 0.0, 0, 0
-    log_ratios: list[float] = []
+    results = []
     with using_adapter(model, POLICY_ADAPTER):
         for turn in turns:
             if not turn.trained:
@@ -204,23 +206,30 @@ def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, nor
             reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
             logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
             advantages = torch.tensor(turn.advantages, dtype=logp.dtype, device=logp.device)
-            sampler = None
+            sampler, log_ratios = None, None
             if loss == "importance_sampling":
                 if turn.sampler_logprobs is None:
                     raise ValueError("rl.loss importance_sampling: a trained turn has no sampler log-probs")
                 sampler = torch.tensor(turn.sampler_logprobs, dtype=logp.dtype, device=logp.device)
-                log_ratios += (logp.detach() - sampler).tolist()
+                log_ratios = (logp.detach() - sampler).tolist()
             turn_value, k3 = turn_loss(logp, reference, advantages, beta, normaliser, sampler)
             turn_value.backward()
-            loss_sum += float(turn_value.detach())
-            turn.kl_sum = float(k3.sum())
-            k3_sum += turn.kl_sum
-            trained_tokens += len(turn.completion_ids)
-            trained_turns += 1
-    stats = {"loss": loss_sum, "kl": k3_sum / trained_tokens if trained_tokens else None,
-             "trained_turns": trained_turns, "trained_tokens": trained_tokens}
+            results.append({"loss": float(turn_value.detach()), "kl_sum": float(k3.sum()),
+                            "tokens": len(turn.completion_ids), "log_ratios": log_ratios})
+    return results
+
+
+def update_statistics(trained: list[Turn], per_turn: list[dict], loss: str) -> dict:
+    """The update's statistics from every trained turn's results (:func:`accumulate_policy_gradients`); each turn
+    keeps its summed K3 (``kl_sum``: SCoRe reports it per attempt)."""
+    for turn, result in zip(trained, per_turn):
+        turn.kl_sum = result["kl_sum"]
+    tokens = sum(result["tokens"] for result in per_turn)
+    stats = {"loss": sum(result["loss"] for result in per_turn),
+             "kl": sum(result["kl_sum"] for result in per_turn) / tokens if tokens else None,
+             "trained_turns": len(per_turn), "trained_tokens": tokens}
     if loss == "importance_sampling":   # log(trainer / sampler) per trained token: how far off-policy the step is
-        stats["is_log_ratio"] = summary(log_ratios)
+        stats["is_log_ratio"] = summary([value for result in per_turn for value in result["log_ratios"]])
     return stats
 
 
@@ -292,9 +301,10 @@ class RLTrainer:
         from clemprm.models.loader import resolve_dtype
         from clemprm.training import device_name
 
-        if distributed.world_size() > 1:   # rollouts and updates are not split over processes yet (docs/slurm.md)
-            raise ValueError(f"the RL trainer (rl_adapter, score_adapter) runs in one process; this job has "
-                             f"{distributed.world_size()}: set the rule's `processes` resource to 1")
+        if model_cfg.backend == "vllm" and distributed.world_size() > 1:   # one server generates for the job
+            raise ValueError(f"the RL trainer with generation.backend vllm runs in one process (the server "
+                             f"generates every rollout); this job has {distributed.world_size()}: set the rule's "
+                             f"`processes` resource to 1")
         self.settings, self.rl, self.seed = settings, settings["rl"], int(settings["seed"])
         self.model, self.tokenizer = model, tokenizer
         self.device = device_name()
@@ -342,17 +352,21 @@ class RLTrainer:
         else:
             self.policy.decoder.forget_conversations()   # states of the previous weights are stale
             generating = merged_for_generation(self.model, POLICY_ADAPTER)
-        with generating:
-            if self.rl["data"] == "states":
-                groups = collect_state_groups(self.engine, self.policy, instances, self.rl["group_size"],
-                                              base_seed=self.seed, step=step, sampling=self.sampling,
-                                              turn_reward_of=self.turn_reward_of)
-            else:
-                groups = collect_groups(self.engine, self.policy, instances, self.rl["group_size"],
-                                        base_seed=self.seed, step=step, sampling=self.sampling,
-                                        reward_of=self.reward_of, turn_reward_of=self.turn_reward_of)
-            if self.rl["loss"] == "importance_sampling":
-                record_sampler_logprobs(self.model, groups, self.compute_dtype)
+        with generating:   # several processes: each plays its share of the groups, every one gets them all
+            return distributed.map_split(instances, lambda share: self.play_groups(share, step))
+
+    def play_groups(self, instances: list, step: int) -> list[Group]:
+        """One group per instance (or state), played by the policy as it generates now."""
+        if self.rl["data"] == "states":
+            groups = collect_state_groups(self.engine, self.policy, instances, self.rl["group_size"],
+                                          base_seed=self.seed, step=step, sampling=self.sampling,
+                                          turn_reward_of=self.turn_reward_of)
+        else:
+            groups = collect_groups(self.engine, self.policy, instances, self.rl["group_size"],
+                                    base_seed=self.seed, step=step, sampling=self.sampling,
+                                    reward_of=self.reward_of, turn_reward_of=self.turn_reward_of)
+        if self.rl["loss"] == "importance_sampling":
+            record_sampler_logprobs(self.model, groups, self.compute_dtype)
         return groups
 
     def update(self, groups: list[Group]) -> dict:
@@ -363,9 +377,16 @@ class RLTrainer:
         turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns
                  if turn.advantages is not None]
         normaliser = step_normaliser(turns, self.rl["length_normalisation"], self.rl["max_new_tokens"])
-        stats = accumulate_policy_gradients(self.model, turns, kl_beta=self.rl["kl_beta"], normaliser=normaliser,
-                                            compute_dtype=self.compute_dtype, loss=self.rl["loss"])
+        trained = [turn for turn in turns if turn.trained]
+        # several processes: each backpropagates its share of the turns, then the gradients are summed (the loss
+        # is a sum over turns divided by the step's normaliser, so the sum is one process's gradient)
+        per_turn = distributed.map_split(trained, lambda share: accumulate_policy_gradients(
+            self.model, share, kl_beta=self.rl["kl_beta"], normaliser=normaliser, compute_dtype=self.compute_dtype,
+            loss=self.rl["loss"]))
+        stats = update_statistics(trained, per_turn, self.rl["loss"])
         params = adapter_parameters(self.model, POLICY_ADAPTER)
+        if trained:
+            distributed.sum_gradients(params)
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.rl["max_grad_norm"])) \
             if stats["trained_turns"] else 0.0
         stats["lr"] = self.scheduler.get_last_lr()[0]
@@ -407,17 +428,31 @@ class RLTrainer:
         return metrics
 
 
+def tracked_history(steps: Iterable[dict], tracking: TrackingRun) -> list[dict]:
+    """Run the steps (an iterable that trains one step per item it yields: that step's metrics) and return their
+    metrics, every number of each step written to the ``tracking`` run at the step's ``step`` as soon as it is done
+    (:mod:`clemprm.tracking`)."""
+    history = []
+    with open_run(tracking) as log:
+        for metrics in steps:
+            log({key: value for key, value in metrics.items() if key != "step"}, metrics["step"])
+            history.append(metrics)
+    return history
+
+
 # ------------------------------------------------------------------------------------------ the stage
 
 
 def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_path: str,
-             cache_dir: str | None = None, states: str | None = None, on_failure: str = "stop") -> dict:
+             cache_dir: str | None = None, states: str | None = None, on_failure: str = "stop",
+             tracking: TrackingRun = OFF) -> dict:
     """The ``rl_adapter`` stage: RL of the SFT policy (or, ``rl.lora``, of a fresh LoRA) on the train split of
     every configured game, or (``rl.data: states``) on the prompt set ``states``; writes the policy adapter (and,
     for PRIME, the implicit PRM in its ``prm/`` sub-folder) and the per-step metrics. A step in which every episode
     of a game failed stops the stage (``on_failure: continue``: the metrics record it, :mod:`clemprm.checks.run_time`).
     ``settings`` is the rule's params (:func:`clemprm.config.rl_params`): seed, model, games, rl, where
-    ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``)."""
+    ``rl.algorithm`` is the job's algorithm (one of ``rl.algorithms``); ``tracking``: the tracker run that gets every
+    step's metrics (:func:`tracked_history`)."""
     from clemprm.models.loader import resolve_quantization
     from clemprm.training import finish_metrics
 
@@ -449,7 +484,7 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
              rl["instances_per_step"], "states" if rl["data"] == "states" else "instances", rl["group_size"],
              "answers" if rl["data"] == "states" else "episodes", rl["loss"], trainer.policy.name,
              "a fresh LoRA" if rl["lora"] is not None else sft_adapter)
-    steps = [trainer.step(instances, index) for index, instances in enumerate(schedule)]
+    steps = tracked_history((trainer.step(instances, index) for index, instances in enumerate(schedule)), tracking)
     adapters = [POLICY_ADAPTER] + ([PRM_ADAPTER] if rl["algorithm"] == "prime" else [])
     write_adapter(model, cfg.spec, adapter_dir, adapters)
     metrics = {"status": "trained", "algorithm": rl["algorithm"],
