@@ -3,8 +3,9 @@
 CI cannot reach GitHub, so the layouts of the real clembench games are rebuilt here: a clemgame.json holding a
 list of specs with an ``instances`` key, a game one folder deeper sharing a module with its parent folder, two games
 with same-named ``utils`` packages, the old state API (a plain state object), legacy game masters (all of them),
-a scorer that raises, a ``partial_bench_score`` that raises, games that draw random numbers (from the global
-generators, and from a source the engine does not seed), a programmatic player, keys logged during set-up.
+a scorer that raises, a ``partial_bench_score`` that raises, an end-of-game hook that logs an event, games that draw
+random numbers (from the global generators, and from a source the engine does not seed), a programmatic player, keys
+logged during set-up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -136,6 +138,8 @@ class Fixture(DialogueGameMaster):
         self.log_key(METRIC_REQUEST_COUNT, self.requests)
         self.log_key(METRIC_REQUEST_COUNT_PARSED, self.requests - self.violations)
         self.log_key(METRIC_REQUEST_COUNT_VIOLATED, self.violations)
+        if FLAGS.get("hook_logs_event"):  # an event after the last round (clemcore logs it into that round)
+            self.log_to_self("game end", f"{{self.state.points}} points")
 {partial}
 
 class FixtureScorer(GameScorer):
@@ -224,6 +228,9 @@ def write_checkout(root: Path) -> Path:
     write_game(root / "per_request", spec("per_request"), flags={"scorer_divides_by_requests": True},
                instance_files={"instances": instances({"e": 6}, rounds=3)})
     write_game(root / "fragile_closing", spec("fragile_closing"), flags={"scorer_raises_on_loss": True},
+               instance_files={"instances": instances({"e": 6}, rounds=3)})
+    write_game(root / "closing_event", spec("closing_event"),
+               flags={"scorer_divides_by_requests": True, "hook_logs_event": True},
                instance_files={"instances": instances({"e": 6}, rounds=3)})
     # what a parse-time check must catch (never loaded)
     write_game(root / "needs_package", spec("needs_package"), imports="import clemprm_fixture_missing_package")
@@ -417,6 +424,45 @@ def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answ
     assert first and first.isdisjoint({row["bp_id"] for row in rows})  # every continuation failed: no label
     assert ("the game's end-of-game hook or scorer raised on the episode closed as lost: RuntimeError: fixture scorer "
             "bug") in caplog.text
+
+
+def test_an_end_of_game_hook_that_logs_an_event_scores_the_closed_copy_as_a_finished_episode(
+        checkout, scripted_policy, tmp_path):
+    # closing_event's end-of-game hook logs an event; its scorer divides by each round's requests: the event lands
+    # in the last played round, as when the game ends, not in the round clemcore opened after it
+    config = config_for(checkout, ["closing_event"])
+    catalog = GameCatalog(config["games"])
+    finished = play(catalog, scripted_policy(answer("WIN")), "closing_event")[0]
+    assert finished["error"] is None and finished["bench_score"] == 100
+    settings = labels_settings(config, max_rollout_rounds=1)
+    bp_path = tmp_path / "bp.parquet"
+    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                               policy=scripted_policy(answer("WIN")))
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(answer("WIN")))
+    first = [row for row in rows if row["turn_idx"] == 0]
+    assert len(first) == sum(bp["turn_idx"] == 0 for bp in bps) > 0  # every capped branch point is labelled
+    assert all(row["n_capped"] == 2 and row["n_errors"] == 0 and row["rollout_scores"] == [
+        pytest.approx(200 / 3)] * 2 for row in first)
+
+
+def test_the_labelling_counts_include_the_failed_continuations_of_branch_points_left_unlabelled(
+        checkout, scripted_policy, tmp_path):
+    # fragile_closing's scorer raises on a lost game: a loser's continuations all fail, after the first answer
+    # (capped, closed as lost) and after the second (the game ends lost); the last answers end the game: terminal
+    config = config_for(checkout, ["fragile_closing"])
+    settings = labels_settings(config, max_rollout_rounds=1)
+    bp_path = tmp_path / "bp.parquet"
+    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                               policy=scripted_policy(answer("WIN")))
+    errors = labels.ErrorCounts()
+    rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                    policy=scripted_policy(answer("no")), errors=errors)
+    terminal = sum(bp["turn_idx"] == 2 for bp in bps)
+    assert terminal and len(rows) == terminal and all(row["n_errors"] == 0 for row in rows)  # the rows hold none
+    assert labels.labelling_counts(bps, rows, errors) == (
+        f"{terminal}/{len(bps)} labelled ({terminal} terminal), 0 continuations scored (0 capped), "
+        f"{2 * (len(bps) - terminal)} failed")
 
 
 def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(checkout, scripted_policy, tmp_path,
@@ -677,3 +723,28 @@ def test_the_tiny_pipeline_end_to_end_on_clembench_games(completed_run, tmp_path
     bad = workflow.changed_config(completed_run, tmp_path, games={"clembench_path": str(tmp_path / "none")})
     done = workflow.snakemake(work, "-n", configfile=bad, check=False)
     assert done.returncode != 0 and "is not a directory (a clembench checkout)" in done.stdout + done.stderr
+
+
+def test_clem_score_recomputes_the_scores_of_the_fixture_games(completed_run, tmp_path):
+    """The eval modes' clembench results trees of the completed run, cut to the fixture clembench games (their game
+    code is the run's checkout, CLEMBENCH_HOME for clemcore): `clem score` recomputes every scores.json as ours."""
+    from tests.test_clembench_tree import canonical, clem
+
+    work = completed_run.workdir
+    games = set(workflow.CLEMBENCH_GAMES) - {"broken_setup"}   # its episodes fail at set-up: nothing to score
+    results = tmp_path / "clembench"
+    shutil.copytree(work / "results/clembench", results)
+    for game in [path for path in results.glob("*/*/*") if path.is_dir()]:   # <mode>/<run>/<game>
+        if game.name not in games:
+            shutil.rmtree(game)
+    ours = {}
+    for scores in results.rglob("scores.json"):
+        ours[scores] = json.loads(scores.read_text())
+        scores.unlink()
+    assert {path.parts[-4] for path in ours} == games
+    clem("score", "-r", str(results), cwd=tmp_path / "cwd", games=work / yaml.safe_load(
+        (work / "tiny.yaml").read_text())["games"]["clembench_path"])
+    for path, scores in ours.items():
+        assert path.exists(), f"clem score wrote no {path}"
+        assert canonical(json.loads(path.read_text())) == canonical(scores), path
+

@@ -61,12 +61,12 @@ class ScriptedPRM:
         return [0.1 if candidate == JUNK else 0.5 + 0.4 * (candidate != "GUESS: 1") for _, candidate in pairs]
 
 
-def clem(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The pinned clemcore's CLI; games are found through CLEMBENCH_HOME (cwd holds no game folder)."""
+def clem(*args: str, cwd: Path, games: Path = GAMES_DIR) -> subprocess.CompletedProcess:
+    """The pinned clemcore's CLI; games are found through CLEMBENCH_HOME, ``games`` (cwd holds no game folder)."""
     assert CLEM, f"no clem command beside {sys.executable} or on PATH"
     cwd.mkdir(parents=True, exist_ok=True)
     result = subprocess.run([CLEM, *args], cwd=cwd, capture_output=True, text=True, timeout=CLEM_TIMEOUT,
-                            env={**os.environ, "CLEMBENCH_HOME": str(GAMES_DIR)})
+                            env={**os.environ, "CLEMBENCH_HOME": str(games)})
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "exceptions occurred" not in output, output[-4000:]
     return result
