@@ -1,7 +1,7 @@
 """Benchmark: which PRM training ranks held-out siblings best, variants side by side on the same soft labels.
 
     python scripts/bench_prm_training.py --workdir DIR [--labels SOFT_LABELS] [--instances 6] [--siblings 4] [--k 4]
-                                         [--variant bce] [--variant pairwise:pairwise_weight=1.0] ...
+                                         [--seed N] [--variant bce] [--variant pairwise:pairwise_weight=1.0] ...
 
 Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): the policy (config.yaml's
 ``model``, no SFT adapter) plays ``--instances`` train instances per built-in game, every trajectory gives its
@@ -70,13 +70,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None, help="model spec (default: config.yaml's model.spec)")
     parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: config.yaml's)")
     parser.add_argument("--variant", action="append", default=None,
                         help="NAME:key=value,... of the prm section (repeatable; default: bce and pairwise)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    config = load_config(overrides={"games": {"max_instances": {"train": args.instances}},
+    config = load_config(overrides={**({"seed": args.seed} if args.seed is not None else {}),
+                                    "games": {"max_instances": {"train": args.instances}},
                                     "model": {"threads": args.threads, **({"spec": args.model} if args.model else {})},
                                     "branch_points": {"siblings": args.siblings}, "labels": {"k": args.k},
                                     # every labelled pair, whole sibling groups, a third of the instances held out
