@@ -6,7 +6,10 @@ rule base_rollouts:
         # a playpen-data instance list is an input file when set (its content then triggers reruns)
         instance_list=lambda wc: config["games"]["instance_list"] or [],
     output:
-        "results/rollouts/base_train.parquet",
+        episodes="results/rollouts/base_train.parquet",
+        # base_rollouts.clembench_tree: the episodes as a clembench results tree too
+        **({"clembench": directory("results/clembench/base_rollouts")}
+           if config["base_rollouts"]["clembench_tree"] else {}),
     params:
         settings=policy_sections(config, "seed", "model", "games", "base_rollouts"),
     log:

@@ -176,6 +176,31 @@ def test_self_correct_writes_one_run_folder_per_policy_and_attempt(scripted_poli
         assert len(episode_folders(tmp_path / "self_correct" / run)) == 2
 
 
+def test_base_rollouts_write_a_tree_with_their_config_key(scripted_policy, tmp_path):
+    """``base_rollouts.clembench_tree``: the base policy's train episodes as a run folder ``<policy>-base_rollouts``,
+    one episode folder per record (repeats numbered), the game's own scores, and `clem transcribe` reads it."""
+    from clemprm.stages import rollouts
+
+    config = tiny_config(games={"builtin": ["guessnumber", "oddoneout"]})
+    policy = scripted_policy(lambda messages: mixed_answer(messages, 2), name="base")   # guesses 1, names a word
+    rows = rollouts.base_rollouts(sections(config, "seed", "model", "games", "base_rollouts"),
+                                  str(tmp_path / "base_train.parquet"), policy=policy,
+                                  clembench_dir=str(tmp_path / "clembench"))
+    run = tmp_path / "clembench" / "base-base_rollouts"
+    folders = episode_folders(run)
+    assert len(folders) == len(rows) == 2 * config["games"]["max_instances"]["train"] * 2
+    assert json.loads((run / "run.json").read_text())["clemprm"] == {"stage": "base_rollouts", "split": "train"}
+    by_id = {row["episode_id"]: row for row in rows}
+    for episode in folders:
+        row = by_id[json.loads((episode / "completed.json").read_text())["episode_id"]]
+        repeat = int(row["episode_id"].rsplit("/", 1)[1])
+        assert episode.name == f"instance_{row['game_id']:05d}_episode_{repeat:05d}"
+        scores = json.loads((episode / "scores.json").read_text())["episode scores"]
+        assert canonical(scores) == canonical(json.loads(row["episode_scores"]))
+    clem("transcribe", "-r", str(tmp_path / "clembench"), cwd=tmp_path / "cwd")
+    assert len(list(run.rglob("transcript.html"))) == len(rows)
+
+
 # ------------------------------------------------------------------------------------------------ clemcore reads it
 
 

@@ -4,5 +4,5 @@ setup_job(snakemake)
 
 from clemprm.stages import rollouts  # noqa: E402  (after setup_job: offline mode is read at import)
 
-rollouts.base_rollouts(snakemake.params.settings, snakemake.output[0], snakemake.config["cache_dir"],
-                       on_failure=snakemake.config["on_failure"])
+rollouts.base_rollouts(snakemake.params.settings, snakemake.output.episodes, snakemake.config["cache_dir"],
+                       on_failure=snakemake.config["on_failure"], clembench_dir=snakemake.output.get("clembench"))

@@ -461,10 +461,19 @@ class RolloutEngine:
              policy_name: str) -> list[dict]:
         """Play every instance ``repeats`` times and return the episode records. In a job of several processes each
         plays its share of the instances and every one gets all records (:func:`clemprm.distributed.map_split`)."""
-        def play_share(share: list[Instance]) -> list[list[dict]]:
+        return [row for row, _ in self.play_described(instances, models, repeats=repeats, base_seed=base_seed,
+                                                      stage=stage, policy_name=policy_name, describe=None)]
+
+    def play_described(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,
+                       policy_name: str, describe) -> list[tuple[dict, object]]:
+        """:meth:`play`, each record paired with ``describe(episode)`` of the played episode (None without
+        ``describe``): e.g. its clembench results-tree entry (:func:`clemprm.play.clembench_tree.episode_entry`),
+        which needs the live episode; picklable, as every process gets every pair."""
+        def play_share(share: list[Instance]) -> list[list[tuple[dict, object]]]:
             episodes = self.start_all(share, models, repeats=repeats, base_seed=base_seed, stage=stage)
             self.run(episodes, label=stage)
-            rows = [episode.record(policy_name, self.sampling) for episode in episodes]
-            return [rows[index:index + repeats] for index in range(0, len(rows), repeats)]
+            pairs = [(episode.record(policy_name, self.sampling), describe(episode) if describe else None)
+                     for episode in episodes]
+            return [pairs[index:index + repeats] for index in range(0, len(pairs), repeats)]
 
-        return [row for rows in distributed.map_split(instances, play_share) for row in rows]
+        return [pair for pairs in distributed.map_split(instances, play_share) for pair in pairs]

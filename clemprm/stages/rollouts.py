@@ -11,6 +11,7 @@ import logging
 
 from clemprm import records
 from clemprm.play.catalog import GameCatalog
+from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
 from clemprm.play.engine import RolloutEngine, Sampling
@@ -34,10 +35,12 @@ def summarize(rows: list[dict]) -> str:
 
 
 def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, policy=None,
-                  on_failure: str = "stop") -> list[dict]:
+                  on_failure: str = "stop", clembench_dir: str | None = None) -> list[dict]:
     """The base policy plays the train split of every configured game (``episodes_per_instance`` times each).
     Fails (:mod:`clemprm.checks.run_time`) when a game has no train instance or every episode of a game failed,
-    unless ``on_failure`` is continue (then the file's provenance records what it went on despite)."""
+    unless ``on_failure`` is continue (then the file's provenance records what it went on despite). With
+    ``clembench_dir`` (``base_rollouts.clembench_tree``) the episodes are also written there as a clembench results
+    tree, run folder ``<policy>-base_rollouts`` (:mod:`clemprm.play.clembench_tree`)."""
     rollout = settings["base_rollouts"]
     catalog = GameCatalog(settings["games"])
     marks = check_instances("base_rollouts", catalog, "train", on_failure)
@@ -49,13 +52,20 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
     sampling = Sampling(rollout["temperature"], rollout["top_p"], rollout["max_new_tokens"])
     log.info("base rollouts: %d train instances x %d episodes, policy %s", len(instances),
              rollout["episodes_per_instance"], policy.name)
-    rows = RolloutEngine(catalog, sampling).play(
+    run_dir, infos = run_dir_name(policy.name, "base_rollouts"), model_infos(policy, sampling)
+    played = RolloutEngine(catalog, sampling).play_described(
         instances, [policy], repeats=rollout["episodes_per_instance"], base_seed=settings["seed"],
-        stage="base_rollouts", policy_name=policy.name)
+        stage="base_rollouts", policy_name=policy.name,
+        describe=(lambda episode: episode_entry(episode, run_dir, infos)) if clembench_dir is not None else None)
+    rows = [row for row, _ in played]
     log.info("played %d episodes\n%s", len(rows), summarize(rows))
     marks += check_episodes("base_rollouts", rows, on_failure)
     records.write_records(output, rows, records.EPISODES, {**provenance(settings), **marks_metadata(marks)})
     log.info("wrote %d episodes to %s", len(rows), output)
+    if clembench_dir is not None:
+        tree = write_results_tree(clembench_dir, run_dir, [entry for _, entry in played], infos=infos,
+                                  info={"stage": "base_rollouts", "split": "train"})
+        log.info("base rollouts -> %s (clembench results tree)", tree)
     return rows
 
 
