@@ -5,7 +5,7 @@ import os
 from snakemake.utils import min_version
 
 from clemprm.checks.parse_time import check_config_inputs
-from clemprm.config import eval_mode_params, policy_sections, rl_params, sections, validate_config
+from clemprm.config import base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections, validate_config
 from clemprm.stages.merge import merge_params
 
 min_version("9.0")

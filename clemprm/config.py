@@ -241,6 +241,15 @@ def policy_sections(config: dict, *names: str) -> dict:
     return params
 
 
+def base_rollouts_params(config: dict) -> dict:
+    """The ``base_rollouts`` rule's params (its rerun trigger): seed, model, games and the section without
+    ``clembench_tree``, which adds an output (missing outputs rerun the job) but changes no record: switching it off
+    reruns nothing."""
+    params = policy_sections(config, "seed", "model", "games", "base_rollouts")
+    params["base_rollouts"] = {key: value for key, value in params["base_rollouts"].items() if key != "clembench_tree"}
+    return params
+
+
 def eval_mode_params(config: dict, mode: str) -> dict:
     """An evaluation mode's ``params`` (its rerun trigger): seed, model, games, the eval keys it plays by and the
     sections it reads (:data:`clemprm.modes.MODES`; ``rl``: its algorithm's, as :func:`rl_params` gives it)."""

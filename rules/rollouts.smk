@@ -11,7 +11,7 @@ rule base_rollouts:
         **({"clembench": directory("results/clembench/base_rollouts")}
            if config["base_rollouts"]["clembench_tree"] else {}),
     params:
-        settings=policy_sections(config, "seed", "model", "games", "base_rollouts"),
+        settings=base_rollouts_params(config),
     log:
         "results/logs/base_rollouts.log",
     benchmark:
