@@ -131,7 +131,7 @@ def test_training_in_two_processes_gives_the_weights_of_one(trained, stage):
 
 @pytest.fixture(scope="module")
 def rl_trained(half_and_half_sft, tmp_path_factory, test_cache_dir) -> dict[int, Path]:
-    """tests/distributed/rl_job.py (GRPO and PRIME steps) at world size 1 and 2."""
+    """tests/distributed/rl_job.py (GRPO, PRIME and SCoRe steps) at world size 1 and 2."""
     script, env = str(REPO / "tests/distributed/rl_job.py"), {**os.environ, "HF_HUB_OFFLINE": "1",
                                                                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     out = {}
@@ -143,18 +143,24 @@ def rl_trained(half_and_half_sft, tmp_path_factory, test_cache_dir) -> dict[int,
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "prime"])
+@pytest.mark.parametrize("algorithm", ["grpo", "prime", "score"])
 def test_rl_steps_in_two_processes_give_the_weights_of_one(rl_trained, algorithm):
-    """Each process plays one of the step's two groups and backpropagates half of the trained turns (PRIME: half
-    of the implicit PRM's sequences too); the gradients summed over the processes are one process's: the same
-    rollouts, the same step metrics and the same policy (and PRM) weights."""
+    """Each process plays one of the step's two groups (SCoRe: and their attempt 2s) and backpropagates half of the
+    trained turns (PRIME: half of the implicit PRM's sequences too); the gradients summed over the processes are one
+    process's: the same rollouts, the same step metrics and the same policy (and PRM) weights."""
     one, two = [json.loads((rl_trained[size] / f"{algorithm}_history.json").read_text()) for size in (1, 2)]
     assert [step["trained_turns"] for step in one] == [step["trained_turns"] for step in two]
-    for key in ("reward", "episodes", "tokens", "instances", "success_rate"):
+    if algorithm == "score":   # the played attempts exactly; their KL (a float sum) below
+        for step in one + two:
+            step["kl"] = {"trained": step["kl"]["trained"], **{attempt: step[attempt].pop("kl")
+                                                               for attempt in ("attempt1", "attempt2")}}
+    same = ("attempt1", "attempt2", "instances", "transitions") if algorithm == "score" else (
+        "reward", "episodes", "tokens", "instances", "success_rate")
+    for key in same:
         assert [step[key] for step in one] == [step[key] for step in two], key
     assert all(step["trained_turns"] > 0 for step in one)
     for step_one, step_two in zip(one, two):
-        for key in ("loss", "kl", "grad_norm"):
+        for key in ("loss", "grad_norm", "kl"):
             assert step_one[key] == pytest.approx(step_two[key], rel=1e-5, abs=1e-7), key
     folders = [rl_trained[size] / algorithm for size in (1, 2)]
     if algorithm == "prime":

@@ -1,4 +1,4 @@
-"""GRPO and PRIME steps of the tiny model on two forced guessnumber instances, in as many processes as torchrun
+"""GRPO, PRIME and SCoRe steps of the tiny model on two forced guessnumber instances, in as many processes as torchrun
 starts (or one, run plainly): tests/test_distributed.py runs it at world size 1 and 2 and compares the adapters and
 the step metrics.
 
@@ -19,9 +19,10 @@ def main(sft_adapter: str, out: Path, cache_dir: str) -> None:
     distributed.init_from_environment()
     logging.basicConfig(level=logging.INFO, format=f"rank {distributed.rank()}: %(name)s: %(message)s")
     from clemprm.play.catalog import GameCatalog
-    from clemprm.rl import trainer
+    from clemprm.rl import score, trainer
     from clemprm.training import write_adapter
     from tests.test_rl import FORCED, rl_settings
+    from tests.test_score import score_settings
 
     # two instances, one per rank: "1" wins the first, "2" the second
     instances = [FORCED, dataclasses.replace(FORCED, instance={"game_id": 1, "target": 2})]
@@ -38,6 +39,15 @@ def main(sft_adapter: str, out: Path, cache_dir: str) -> None:
         write_adapter(model, cfg.spec, out / algorithm, adapters)
         write_json(out / f"{algorithm}_history.json", [{key: value for key, value in step.items() if key != "seconds"}
                                                       for step in history])
+    # SCoRe: a stage I and a stage II step (attempt 1 as GRPO's rollouts, then attempt 2 of each of its episodes)
+    settings = score_settings(stage1_steps=1, stage2_steps=1, group_size=4, instances_per_step=2, temperature=1.0,
+                              lr=5e-3, warmup_ratio=0.0, max_new_tokens=8)
+    cfg, tokenizer, model = trainer.load_training_model(settings["model"], sft_adapter, cache_dir, implicit_prm=False)
+    scorer = score.ScoreTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
+    history = [scorer.step(instances, step, stage) for step, stage in ((0, 1), (1, 2))]
+    write_adapter(model, cfg.spec, out / "score", [trainer.POLICY_ADAPTER])
+    write_json(out / "score_history.json", [{key: value for key, value in step.items() if key != "seconds"}
+                                            for step in history])
 
 
 if __name__ == "__main__":
