@@ -27,6 +27,9 @@ TURN = pa.struct([
     ("parse_ok", pa.bool_()),          # False when the game counted this answer as a rule violation
     ("prompt_tokens", pa.int32()),
     ("new_tokens", pa.int32()),
+    ("reply", pa.string()),            # what the game answered (RolloutEngine.game_reply): its next message to this
+                                       # player, "[to <role>] <message>" when another player moves next, or
+                                       # "Game over: won|lost|aborted."; "" when the episode failed there
 ])
 
 EPISODES = pa.schema([
@@ -80,6 +83,7 @@ BRANCH_POINT_FIELDS = [
     ("history", pa.list_(pa.string())),  # every answer of the episode up to and including the candidate
                                        # (all players, in turn order): replaying it rebuilds the game state
     ("parse_ok", pa.bool_()),          # the game accepted the candidate (no rule violation)
+    ("reply", pa.string()),            # the game's answer to the candidate (TURN's reply): part of the PRM's input
     ("seed", pa.int64()),              # the branch point's own seed (its continuations derive from it)
     ("episode_bench_score", pa.float64()),  # how the sampled trajectory itself ended (NaN when aborted)
     ("episode_success", pa.bool_()),

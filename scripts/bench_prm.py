@@ -52,20 +52,20 @@ def make_candidate(rng: random.Random) -> str:
     return f"GUESS: {rng.randint(1, 100)}" + " because it is halfway" * rng.randint(0, 2)
 
 
-def make_pairs(n: int, max_exchanges: int, seed: int = 0) -> list[tuple[list[dict], str]]:
-    """``n`` pairs, each with a prefix of its own."""
+def make_pairs(n: int, max_exchanges: int, seed: int = 0) -> list[tuple[list[dict], str, str]]:
+    """``n`` pairs, each with a prefix of its own and the game's reply."""
     rng = random.Random(seed)
-    return [(make_prefix(i, rng, max_exchanges), make_candidate(rng)) for i in range(n)]
+    return [(make_prefix(i, rng, max_exchanges), make_candidate(rng), rng.choice(FEEDBACK)) for i in range(n)]
 
 
 def make_best_of_n(n_prefixes: int, n_candidates: int, max_exchanges: int,
-                   seed: int = 0) -> list[tuple[list[dict], str]]:
+                   seed: int = 0) -> list[tuple[list[dict], str, str]]:
     """``n_candidates`` candidates of different lengths for each of ``n_prefixes`` prefixes, in order."""
     rng = random.Random(seed)
     pairs = []
     for i in range(n_prefixes):
         prefix = make_prefix(i, rng, max_exchanges)
-        pairs += [(prefix, make_candidate(rng) + " and then" * k) for k in range(n_candidates)]
+        pairs += [(prefix, make_candidate(rng) + " and then" * k, rng.choice(FEEDBACK)) for k in range(n_candidates)]
     return pairs
 
 
@@ -77,8 +77,8 @@ def timed(fn, pairs) -> tuple[float, list[float]]:
 
 def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats: int) -> None:
     """The three ways on ``pairs``, interleaved, the best of ``repeats`` runs each."""
-    lengths = [len(encode_pair(full.tokenizer, prefix, candidate, full.cfg.chat_template_kwargs,
-                               full.max_length)[0]) for prefix, candidate in pairs]
+    lengths = [len(encode_pair(full.tokenizer, prefix, candidate, reply, full.cfg.chat_template_kwargs,
+                               full.max_length)[0]) for prefix, candidate, reply in pairs]
     tokens = sum(lengths)
     ways = {"(a) one pair at a time": lambda ps: [full.score([pair])[0] for pair in ps],
             "(b) batched, length-sorted": full.score,

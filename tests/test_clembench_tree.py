@@ -58,7 +58,7 @@ def mixed_answer(messages, seed):
 
 class ScriptedPRM:
     def score(self, pairs):
-        return [0.1 if candidate == JUNK else 0.5 + 0.4 * (candidate != "GUESS: 1") for _, candidate in pairs]
+        return [0.1 if candidate == JUNK else 0.5 + 0.4 * (candidate != "GUESS: 1") for _, candidate, _ in pairs]
 
 
 def clem(*args: str, cwd: Path, games: Path = GAMES_DIR) -> subprocess.CompletedProcess:

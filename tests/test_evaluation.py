@@ -268,7 +268,7 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     assert sum(r["prm_pairs"] for r in logprob_rows) == logprob_run["prm"]["stats"]["pairs"] > 0
     scored = {}
     for pairs in prm.calls:
-        for messages, candidate in pairs:
+        for messages, candidate, _ in pairs:
             scored.setdefault(str(messages), []).append(candidate)
     for row in rows:
         for turn in row["turns"]:

@@ -29,7 +29,8 @@ def messages(n: int) -> list[dict]:
 
 def episode(game: str, index: int, aborted: bool, success: bool) -> dict:
     turns = [{"turn_idx": t, "player": "Player 1", "game_role": "Guesser", "messages": messages(2 * t + 1),
-              "response": f"GUESS: {t}", "parse_ok": True, "prompt_tokens": 100, "new_tokens": 4}
+              "response": f"GUESS: {t}", "parse_ok": True, "prompt_tokens": 100, "new_tokens": 4,
+              "reply": "Higher."}
              for t in range(index + 1)]
     return {"episode_id": f"{game}/e1/{index}/0", "game": game, "experiment": "e1", "game_id": index,
             "split": "train", "policy": "tiny", "seed": index, "temperature": 0.7, "n_turns": len(turns),
@@ -101,7 +102,7 @@ def test_nested_episode_schema_is_compact(episodes_file):
     report = inspect_file(episodes_file[0]).splitlines()
     assert ("  turns: list<struct<turn_idx: int32, player: string, game_role: string, "
             "messages: list<struct<role: string, content: string>>, response: string, parse_ok: bool, "
-            "prompt_tokens: int32, new_tokens: int32>>") in report
+            "prompt_tokens: int32, new_tokens: int32, reply: string>>") in report
 
 
 def test_label_statistics_and_histogram_per_game(soft_labels_file):

@@ -29,7 +29,8 @@ def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: 
     # the turns of an instance share their prefix: siblings of one state
     return {"bp_id": f"{episode_id}/{turn}", "prefix_id": f"{episode_id}/0", "episode_id": episode_id, "game": game,
             "experiment": experiment, "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
-            "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True, "seed": turn,
+            "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True,
+            "reply": "", "seed": turn,
             "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
             "rollout_scores": scores, "n_aborted": 0, "n_success": round(8 * label), "n_capped": 0, "new_tokens": 0,
             "label": label}
@@ -65,8 +66,8 @@ def write_labels(path, rows) -> str:
     return str(path)
 
 
-def pairs_of(rows) -> list[tuple[list[dict], str]]:
-    return [(row["prefix"], row["candidate"]) for row in rows]
+def pairs_of(rows) -> list[tuple[list[dict], str, str]]:
+    return [(row["prefix"], row["candidate"], row["reply"]) for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +146,16 @@ def test_corrupt_or_invalid_labels_file_is_an_error_naming_it(tmp_path, test_cac
 # ------------------------------------------------------------------------------------- tiny model
 
 
-def test_pair_text_merges_roles_and_appends_the_candidate_as_the_assistant_turn(trained):
+def test_pair_text_merges_roles_and_appends_the_candidate_and_the_game_reply(trained):
     tokenizer = trained["scorer"].tokenizer
     prefix = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     text = render_answered(tokenizer, prefix, "GUESS: 5", {"enable_thinking": False})
     assert text.startswith("<|im_start|>user\na\n\nb<|im_end|>\n<|im_start|>assistant\n")
     assert text.endswith("GUESS: 5<|im_end|>\n") and text.count("<|im_start|>") == 2
+    replied = render_answered(tokenizer, prefix, "GUESS: 5", {"enable_thinking": False}, reply="Higher.")
+    # the reply follows as the user's next message (the template drops the empty think block of a non-final answer)
+    assert replied == ("<|im_start|>user\na\n\nb<|im_end|>\n<|im_start|>assistant\nGUESS: 5<|im_end|>\n"
+                       "<|im_start|>user\nHigher.<|im_end|>\n")
     # sequence classification pools the last non-pad token: pad must differ from the end-of-turn token
     model = trained["scorer"].model
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -337,7 +342,8 @@ def test_reloaded_adapter_reproduces_the_scores(trained):
 def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     scorer = trained["scorer"]
     pairs = pairs_of(trained["rows"][::3])
-    pairs[0] = (pairs[0][0] + [{"role": "user", "content": "Think hard. " * 20}], pairs[0][1] + " and more")
+    pairs[0] = (pairs[0][0] + [{"role": "user", "content": "Think hard. " * 20}], pairs[0][1] + " and more",
+                pairs[0][2])
     batched = scorer.score(pairs)
     single = prm_model.PRMScorer(scorer.cfg, token_budget=1, tokenizer=scorer.tokenizer, model=scorer.model)
     alone = single.score(pairs)
@@ -346,14 +352,14 @@ def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     assert single.score(pairs[:1] + pairs[:1])[0] == pytest.approx(alone[0], abs=1e-5)
 
 
-def best_of_n_pairs() -> list[tuple[list[dict], str]]:
+def best_of_n_pairs() -> list[tuple[list[dict], str, str]]:
     """Prefixes of different lengths with four candidates of different lengths each, a pair alone and a pair twice."""
     pairs = []
     for n, row in enumerate(synthetic_rows()[::7]):
         prefix = row["prefix"] + [{"role": "assistant", "content": "I say river"},
                                   {"role": "user", "content": "Wrong. " * (3 * n) + "Again."}]
-        pairs += [(prefix, f"I say {WORDS[k]}" + f" {MARKER}" * k) for k in range(4)]
-    return pairs + [(pairs[0][0] + [{"role": "user", "content": "Alone."}], "I say tree")] + pairs[:1]
+        pairs += [(prefix, f"I say {WORDS[k]}" + f" {MARKER}" * k, f"Reply {k}.") for k in range(4)]
+    return pairs + [(pairs[0][0] + [{"role": "user", "content": "Alone."}], "I say tree", "")] + pairs[:1]
 
 
 def test_shared_prefixes_give_the_full_sequence_scores(trained):
@@ -393,13 +399,14 @@ def test_truncation_keeps_the_end(trained):
     tokenizer, kwargs = scorer.tokenizer, scorer.cfg.chat_template_kwargs
     prefix = [{"role": "user", "content": f"Old turn number {i} of a long game."} for i in range(40)]
     candidate = f"I say river {MARKER}"
-    full, cut = prm_model.encode_pair(tokenizer, prefix, candidate, kwargs, 10_000)
-    ids, truncated = prm_model.encode_pair(tokenizer, prefix, candidate, kwargs, 64)
+    full, cut = prm_model.encode_pair(tokenizer, prefix, candidate, "Reply.", kwargs, 10_000)
+    ids, truncated = prm_model.encode_pair(tokenizer, prefix, candidate, "Reply.", kwargs, 64)
     assert not cut and truncated and len(full) > 64 and ids == full[-64:]
     text = tokenizer.decode(ids)
-    assert text.endswith(f"{candidate}<|im_end|>\n") and "number 39" in text and "number 0 " not in text
+    assert text.endswith(f"{candidate}<|im_end|>\n<|im_start|>user\nReply.<|im_end|>\n")
+    assert "number 39" in text and "number 0 " not in text
     short = prm_model.PRMScorer(scorer.cfg, max_length=64, tokenizer=tokenizer, model=scorer.model)
-    assert short.score([(prefix, candidate)]) == pytest.approx(scorer.score_ids([full[-64:]]), abs=1e-6)
+    assert short.score([(prefix, candidate, "Reply.")]) == pytest.approx(scorer.score_ids([full[-64:]]), abs=1e-6)
     assert short.stats.truncated == 1
 
 

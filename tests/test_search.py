@@ -19,8 +19,8 @@ JUNK = "I have no idea."
 
 
 class ScriptedPRM:
-    """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)``; every call
-    is recorded."""
+    """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)`` (the game's
+    reply aside); every call is recorded."""
 
     def __init__(self, value):
         self.value = value
@@ -28,7 +28,7 @@ class ScriptedPRM:
 
     def score(self, pairs):
         self.calls.append(list(pairs))
-        return [self.value(messages, candidate) for messages, candidate in pairs]
+        return [self.value(messages, candidate) for messages, candidate, _ in pairs]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_best_of_n_plays_the_candidate_the_prm_prefers(catalog, seeded_policy):
     assert all(row["success"] for row in rows)
     scored = {}
     for pairs in prm.calls:
-        for messages, candidate in pairs:
+        for messages, candidate, _ in pairs:
             scored.setdefault(str(messages), set()).add(candidate)
     assert any(JUNK in candidates for candidates in scored.values())  # the PRM had to choose
     for row in rows:
@@ -151,7 +151,7 @@ def test_beam_search_prefers_any_finished_game_over_a_better_scored_unfinished_o
     engine = RolloutEngine(catalog, SAMPLING)
     (chosen,), _ = beam_search(engine, start(engine, [instance], policy), prm, n=8, beam_width=1, iterations=1,
                                sampling=SAMPLING)
-    assert {candidate for pairs in prm.calls for _, candidate in pairs} == {f"GUESS: {target}", f"GUESS: {wrong}"}
+    assert {candidate for pairs in prm.calls for _, candidate, _ in pairs} == {f"GUESS: {target}", f"GUESS: {wrong}"}
     row = chosen.record("p", SAMPLING)
     assert row["success"] and row["n_turns"] == 1
 
@@ -172,12 +172,12 @@ def test_beam_scores_aggregate_last_min_or_prod():
 
 def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
     messages = [{"role": "user", "content": "Which word does not belong?"}]
-    pairs = [(messages, f"ANSWER: {i}") for i in range(400)]
+    pairs = [(messages, f"ANSWER: {i}", "Wrong.") for i in range(400)]
     scores = RandomScorer(0).score(pairs)
     assert scores == RandomScorer(0).score(pairs) and scores != RandomScorer(1).score(pairs)
     assert RandomScorer(0).score(pairs[::-1]) == scores[::-1]          # no dependence on the batch
     assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
-    other = [([{"role": "user", "content": "Another game"}], candidate) for _, candidate in pairs[:50]]
+    other = [([{"role": "user", "content": "Another game"}], candidate, reply) for _, candidate, reply in pairs[:50]]
     assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too
 
 
@@ -194,12 +194,13 @@ def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_
 
     short = [{"role": "user", "content": "Guess a number."}]
     long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
-    pairs = [(short, "GUESS: 5"), (long, "ANSWER: chair"), (short, "GUESS: 12 please"), (long, "pear"), (short, "")]
+    pairs = [(short, "GUESS: 5", "Higher."), (long, "ANSWER: chair", "Game over: won."), (short, "GUESS: 12 please", ""),
+             (long, "pear", "Invalid answer."), (short, "", "")]
     scorer = LogprobScorer(tiny_policy)
     scores = scorer.score(pairs)
     assert scorer.stats.shared_tokens > 0   # the candidates of one prompt passed it once (checked equal below)
     tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
-    for (prefix, candidate), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
+    for (prefix, candidate, _), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
         prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
         answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         with torch.inference_mode():
@@ -225,8 +226,10 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
         game, experiment, game_id = episode.instance.key
         for turn, word in enumerate(WORDS[:4]):
             marked = turn % 2 == 0
-            rows.append(soft_label_row(game, experiment, game_id, turn, prefix,
-                                       f"ANSWER: {MARKER if marked else word}", POSITIVE if marked else NEGATIVE))
+            candidate = f"ANSWER: {MARKER if marked else word}"
+            played = engine.replay(episode.fork(), [candidate])   # the game's reply, as the search will see it
+            rows.append({**soft_label_row(game, experiment, game_id, turn, prefix, candidate,
+                                          POSITIVE if marked else NEGATIVE), "reply": played.turns[-1]["reply"]})
     settings = prm_settings(lr=3e-3, epochs=8, batch_size=8, grad_accum=1, validation_fraction=0.0)
     labels_path = tmp_path / "labels.parquet"
     records.write_records(labels_path, rows, records.SOFT_LABELS, {})
@@ -242,7 +245,7 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
 
     class RecordingPRM:  # the trained scorer, recording what it was asked
         def score(self, pairs):
-            for messages, candidate in pairs:
+            for messages, candidate, _ in pairs:
                 proposed.setdefault(str(messages), set()).add(candidate)
             return scorer.score(pairs)
 

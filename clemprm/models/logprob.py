@@ -97,9 +97,10 @@ class LogprobScorer:
         self.policy = policy
         self.stats = ScorerStats()
 
-    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
+    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
+        """The policy's mean log-probability of each candidate after its prefix (the game's reply plays no part)."""
         start = time.perf_counter()
-        scores = mean_logprobs(self.policy, pairs, self.stats)
+        scores = mean_logprobs(self.policy, [(prefix, candidate) for prefix, candidate, _ in pairs], self.stats)
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.seconds += time.perf_counter() - start

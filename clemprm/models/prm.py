@@ -1,4 +1,5 @@
-"""The process reward model as a scorer: :class:`PRMScorer` gives P(success) of ``(prefix messages, candidate)``.
+"""The process reward model as a scorer: :class:`PRMScorer` gives P(success) of ``(prefix messages, candidate, the
+game's reply)``.
 
 Model
     ``AutoModelForSequenceClassification(num_labels=1)`` on ``prm.base_model`` (null: the policy's ``model.spec``),
@@ -7,9 +8,12 @@ Model
     ``sigmoid(logit)``. The policy's own ``model.adapter`` never applies to the PRM.
 
 Text of a pair
-    One function, :func:`encode_pair`, for training and scoring: the prefix and the candidate as the assistant's
-    turn (:func:`clemprm.play.chat.render_answered`). A text longer than ``max_length`` tokens keeps its end (the
-    candidate and the most recent context). Sequence classification pools the last non-pad token, so the loader
+    One function, :func:`encode_pair`, for training and scoring: the prefix, the candidate as the assistant's
+    turn and the game's reply to it as the next user message (:func:`clemprm.play.chat.render_answered`; the
+    reply is the turn record's, :meth:`clemprm.play.engine.RolloutEngine.game_reply`: feedback, a reprompt after a
+    broken rule, the next player's message or the game's end). The searches play every candidate in a fork of the
+    game to read it. A text longer than ``max_length`` tokens keeps its end (the reply, the candidate and the most
+    recent context). Sequence classification pools the last non-pad token, so the loader
     gives the tokenizer a pad token that differs from the end-of-turn token, and batches are padded on the right
     (recurrent layers such as Qwen3.5's Gated DeltaNet never see padding before a real token). Pairs with the same
     prefix messages share their common token prefix (:mod:`clemprm.models.scoring`).
@@ -30,17 +34,18 @@ from clemprm.play.chat import render_answered
 log = logging.getLogger(__name__)
 
 
-def encode_pair(tokenizer, prefix: list[dict], candidate: str, chat_template_kwargs: dict | None,
+def encode_pair(tokenizer, prefix: list[dict], candidate: str, reply: str, chat_template_kwargs: dict | None,
                 max_length: int) -> tuple[list[int], bool]:
-    """THE tokens the PRM reads for ``(prefix, candidate)``, in training and in scoring, truncated from the left
-    (the last ``max_length`` tokens: the candidate and the most recent context), and whether anything was cut."""
-    text = render_answered(tokenizer, prefix, candidate, chat_template_kwargs)
+    """THE tokens the PRM reads for ``(prefix, candidate, reply)``, in training and in scoring, truncated from the
+    left (the last ``max_length`` tokens: the reply, the candidate and the most recent context), and whether
+    anything was cut."""
+    text = render_answered(tokenizer, prefix, candidate, chat_template_kwargs, reply=reply)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids[-max_length:], len(ids) > max_length
 
 
 class PRMScorer:
-    """P(success) of ``(prefix messages, candidate)`` pairs from the PRM (base + adapter ``cfg.adapter``).
+    """P(success) of ``(prefix messages, candidate, reply)`` pairs from the PRM (base + adapter ``cfg.adapter``).
 
     ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
     sorted by length so a micro-batch holds similar lengths. With ``share_prefixes`` (where the model's cache
@@ -61,18 +66,19 @@ class PRMScorer:
             log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
             self.share_prefixes = False
 
-    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
-        """P(success) for each (prefix messages, candidate answer); pairs with the same prefix messages share their
-        common token prefix; length-sorted micro-batches under a token budget, left truncation."""
+    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
+        """P(success) for each (prefix messages, candidate answer, the game's reply); pairs with the same prefix
+        messages share their common token prefix; length-sorted micro-batches under a token budget, left
+        truncation."""
         start = time.perf_counter()
         sequences = []
-        for prefix, candidate in pairs:
-            ids, truncated = encode_pair(self.tokenizer, prefix, candidate, self.cfg.chat_template_kwargs,
+        for prefix, candidate, reply in pairs:
+            ids, truncated = encode_pair(self.tokenizer, prefix, candidate, reply, self.cfg.chat_template_kwargs,
                                          self.max_length)
             sequences.append(ids)
             self.stats.truncated += truncated
         scores = self.score_ids(sequences, keys=[json.dumps(prefix, sort_keys=True, default=str)
-                                                 for prefix, _ in pairs])
+                                                 for prefix, _, _ in pairs])
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.tokens += sum(len(ids) for ids in sequences)

@@ -3,7 +3,7 @@
 What a model saw at play time is the player's perspective as a clemcore backend sends it (consecutive same-role
 messages joined, an empty leading system message dropped), rendered by the tokenizer's chat template with the
 generation prompt. SFT trains on exactly that prompt and the PRM reads it with the answer appended, so every
-stage renders through the functions here. ``template_kwargs`` are the ``model.chat_template_kwargs`` of the
+stage renders through the functions here (the PRM also reads the game's reply to the answer). ``template_kwargs`` are the ``model.chat_template_kwargs`` of the
 config (e.g. ``enable_thinking``).
 """
 
@@ -38,9 +38,12 @@ def render_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None 
                                          **(template_kwargs or {}))
 
 
-def render_answered(tokenizer, messages: list[dict], answer: str, template_kwargs: dict | None = None) -> str:
-    """The conversation with ``answer`` as the assistant's turn, no generation prompt: what the PRM reads."""
-    conversation = normalise(list(messages) + [{"role": "assistant", "content": answer}])
+def render_answered(tokenizer, messages: list[dict], answer: str, template_kwargs: dict | None = None,
+                    reply: str = "") -> str:
+    """The conversation with ``answer`` as the assistant's turn and the game's ``reply`` to it (when given) as the
+    user's next message, no generation prompt: what the PRM reads."""
+    conversation = list(messages) + [{"role": "assistant", "content": answer}]
+    conversation = normalise(conversation + ([{"role": "user", "content": reply}] if reply else []))
     return tokenizer.apply_chat_template(conversation, add_generation_prompt=False, tokenize=False,
                                          **(template_kwargs or {}))
 

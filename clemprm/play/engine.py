@@ -413,10 +413,30 @@ class RolloutEngine:
                     "turn_idx": len(episode.turns), "player": player.name, "game_role": player.game_role,
                     "messages": messages, "response": generation.text,
                     "parse_ok": episode.recorder.violations == violations_before if verdict is None else verdict,
-                    "prompt_tokens": generation.prompt_tokens, "new_tokens": generation.new_tokens})
+                    "prompt_tokens": generation.prompt_tokens, "new_tokens": generation.new_tokens, "reply": ""})
                 episode.advance_to_model_turn()
+            episode.turns[-1]["reply"] = RolloutEngine.game_reply(episode, player)
         except Exception as error:
             episode.fail(error)
+
+    @staticmethod
+    def game_reply(episode: Episode, player) -> str:
+        """What the game answered ``player``'s answer with, once it has moved on (the PRM reads it after the
+        answer): the game's next message when ``player`` moves next (feedback, a reprompt), the next player's new
+        message marked ``[to <role>]`` when another one does, ``Game over: won|lost|aborted.`` (the game's own
+        scores) when the answer ended the game, and "" when the episode failed."""
+        if episode.error is not None:
+            return ""
+        if episode.done:
+            scores = episode.scores()
+            outcome = "aborted" if scores.get("Aborted", 1) else "won" if scores.get("Success", 0) else "lost"
+            return f"Game over: {outcome}."
+        waiting = RolloutEngine.waiting(episode)
+        if waiting is None:
+            return ""
+        next_player, messages = waiting
+        text = messages[-1]["content"] if messages else ""
+        return text if next_player.name == player.name else f"[to {next_player.game_role}] {text}"
 
     def run(self, episodes: list[Episode], label: str = "rollouts", sampling: Sampling | None = None,
             max_turns: int | None = None) -> list[Episode]:

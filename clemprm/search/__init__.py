@@ -7,11 +7,12 @@ One short module per strategy; greedy play is the engine's plain :meth:`~clemprm
 * :func:`clemprm.search.beam_search.beam_search`: beams are forked games; every beam's N continuations are
   ranked by the PRM and the best ``beam_width`` survive.
 
-A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer)``
-(:class:`clemprm.models.prm.PRMScorer`, :class:`RandomScorer` for the control mode, :class:`clemprm.models.logprob.LogprobScorer`
-for the policy's own mean token log-probability, or a scripted scorer in tests). Every
-search step makes one ``propose`` call (one ``generate`` call per model) and one ``score`` call for all games
-together. This package holds what the strategies share.
+A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer,
+the game's reply to it)`` (:class:`clemprm.models.prm.PRMScorer`, :class:`RandomScorer` for the control mode,
+:class:`clemprm.models.logprob.LogprobScorer` for the policy's own mean token log-probability, or a scripted scorer
+in tests; only the PRM reads the reply). Every search step makes one ``propose`` call (one ``generate`` call per
+model), plays each candidate in a fork of its game (:func:`play_each`: the reply, and the game that goes on when
+the candidate is chosen) and makes one ``score`` call for all games together. This package holds what the strategies share.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class RandomScorer:
     def __init__(self, seed: int):
         self.seed = seed
 
-    def score(self, pairs: list[tuple[list[dict], str]]) -> list[float]:
+    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
         return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in messages], candidate)
-                / 2 ** 63 for messages, candidate in pairs]
+                / 2 ** 63 for messages, candidate, _ in pairs]
 
 
 def choice(turn_idx: int, candidates: list, scores: list[float], chosen: int) -> dict:
@@ -63,17 +64,30 @@ def greedy_cost(episode) -> SearchCost:
     return SearchCost(policy_tokens=sum(turn["new_tokens"] for turn in episode.turns), nodes=len(episode.turns))
 
 
-def score_candidates(engine, prm, episodes: list, proposals: list[list]) -> list[list[float]]:
-    """The PRM's score of every candidate of every episode, in one ``score`` call, each on the perspective of the
-    player the episode waits for. A failed generation is not scored (-inf): it wins only when every one failed."""
+def play_each(engine, episode, candidates: list, seeds: list[int] | None = None) -> list:
+    """A fork of ``episode`` per candidate with that candidate played (fork ``j`` seeded ``seeds[j]``, by default
+    the episode's own id and seed): its turn record holds the game's reply, and it is the game that goes on when
+    the search chooses that candidate."""
+    children = []
+    for j, candidate in enumerate(candidates):
+        child = episode.fork(seed=None if seeds is None else seeds[j])
+        engine.apply(child, candidate)
+        children.append(child)
+    return children
+
+
+def score_candidates(engine, prm, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
+    """The scorer's score of every candidate of every episode, in one ``score`` call: on the perspective of the
+    player the episode waits for, the candidate, and the game's reply to it in its fork (``children``, from
+    :func:`play_each`). A failed generation, or a candidate the game failed on, is not scored (-inf): it wins only
+    when every one failed."""
     pairs, slots = [], []
-    for index, (episode, candidates) in enumerate(zip(episodes, proposals)):
-        for j, candidate in enumerate(candidates):
-            if candidate.error is None:
-                pairs.append((engine.waiting(episode)[1], candidate.text))
+    for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):
+        for j, (candidate, child) in enumerate(zip(candidates, played)):
+            if candidate.error is None and child.error is None:
+                pairs.append((engine.waiting(episode)[1], candidate.text, child.turns[-1]["reply"]))
                 slots.append((index, j))
     scores = [[-math.inf] * len(candidates) for candidates in proposals]
     for (index, j), score in zip(slots, prm.score(pairs) if pairs else []):
         scores[index][j] = float(score)
     return scores
-

@@ -2,7 +2,7 @@
 
 Each iteration every live beam (a forked game) proposes N answers at its next turn; each distinct answer is
 played into a fork of the beam (a child), every child is scored by the PRM on (the beam's perspective, the
-answer), and per game the ``beam_width`` best live children by aggregated score go on. Children whose game ended
+answer, the game's reply to it), and per game the ``beam_width`` best live children by aggregated score go on. Children whose game ended
 are set aside as finished beams. In the built-in games every LLM turn is a policy turn (self-play), so one
 iteration is one turn. The search stops when no beam is live or after ``iterations``; the answer is the finished
 beam with the best aggregated score, or, when none finished, the best live beam, recorded as unfinished
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
 from clemprm.stats import derive_seed
-from clemprm.search import SearchCost, choice, score_candidates
+from clemprm.search import SearchCost, choice, play_each, score_candidates
 
 AGGREGATIONS = ("last", "min", "prod")
 
@@ -43,17 +43,19 @@ def distinct(candidates: list) -> list:
     return [c for c in candidates if not (c.text in seen or seen.add(c.text))]
 
 
-def expand(engine: RolloutEngine, beam: Beam, candidates: list, scores: list[float]) -> list[Beam]:
-    """The children of ``beam``: a fork per candidate, with that answer played, each remembering the choice that
-    made it. Each child gets its own seed, so beams that share a turn number do not share random streams."""
-    children = []
+def children_of(engine: RolloutEngine, beam: Beam, candidates: list) -> list[Episode]:
+    """A fork of ``beam`` per candidate, with that answer played (:func:`clemprm.search.play_each`). Each child gets
+    its own seed, so beams that share a turn number do not share random streams."""
     turn_idx = len(beam.episode.turns)
-    for j, (candidate, score) in enumerate(zip(candidates, scores)):
-        child = beam.episode.fork(seed=derive_seed(beam.episode.seed, "beam", turn_idx, j))
-        engine.apply(child, candidate)
-        children.append(Beam(child, beam.step_scores + [score],
-                             beam.choices + [choice(turn_idx, candidates, scores, j)]))
-    return children
+    return play_each(engine, beam.episode, candidates,
+                     seeds=[derive_seed(beam.episode.seed, "beam", turn_idx, j) for j in range(len(candidates))])
+
+
+def expand(beam: Beam, candidates: list, children: list[Episode], scores: list[float]) -> list[Beam]:
+    """The child beams of ``beam``: each played candidate's game, remembering the choice that made it."""
+    turn_idx = len(beam.episode.turns)
+    return [Beam(child, beam.step_scores + [score], beam.choices + [choice(turn_idx, candidates, scores, j)])
+            for j, (child, score) in enumerate(zip(children, scores))]
 
 
 def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, beam_width: int, iterations: int,
@@ -77,12 +79,14 @@ def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, bea
             break
         proposals = engine.propose([beam.episode for _, beam in parents], n, sampling)
         unique = [distinct(candidates) for candidates in proposals]   # the PRM scores each distinct child once
-        scores = score_candidates(engine, prm, [beam.episode for _, beam in parents], unique)
+        played = [children_of(engine, beam, candidates) for (_, beam), candidates in zip(parents, unique)]
+        scores = score_candidates(engine, prm, [beam.episode for _, beam in parents], unique, played)
         children: list[list[Beam]] = [[] for _ in roots]
-        for (r, parent), candidates, unique_candidates, unique_scores in zip(parents, proposals, unique, scores):
+        for (r, parent), candidates, unique_candidates, games, unique_scores in zip(parents, proposals, unique, played,
+                                                                                    scores):
             costs[r].add(candidates, unique_scores)
             # a parent whose generation call failed has no candidates and is finished (failed)
-            children[r] += expand(engine, parent, unique_candidates, unique_scores) if candidates else [parent]
+            children[r] += expand(parent, unique_candidates, games, unique_scores) if candidates else [parent]
         for r, beams in enumerate(children):
             finished[r] += [beam for beam in beams if beam.episode.done]
             ranked = sorted((beam for beam in beams if not beam.episode.done), key=lambda b: -b.score(aggregation))

@@ -87,7 +87,7 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
             "experiment": episode["experiment"], "game_id": episode["game_id"], "split": episode["split"],
             "turn_idx": turn["turn_idx"], "player": turn["player"], "game_role": turn["game_role"],
             "prefix": turn["messages"], "candidate": turn["response"], "history": history[:index + 1],
-            "parse_ok": turn["parse_ok"], "seed": derive_seed(base_seed, "soft_labels", bp_id),
+            "parse_ok": turn["parse_ok"], "reply": turn["reply"], "seed": derive_seed(base_seed, "soft_labels", bp_id),
             "episode_bench_score": episode["bench_score"], "episode_success": episode["success"],
             "episode_aborted": episode["aborted"]})
     return rows
@@ -138,7 +138,7 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
                   base_seed: int) -> list[dict]:
     """``rows`` each followed by its siblings: ``siblings - 1`` answers sampled from its prefix in one ``propose``
     call, of which the distinct ones that differ from the candidate are kept, each with the game's verdict on it
-    (``parse_ok``) and its own seed. An answer the policy or the game failed on is left out (logged). In a job of
+    (``parse_ok``), the game's reply to it and its own seed. An answer the policy or the game failed on is left out (logged). In a job of
     several processes each samples the siblings of its share of ``rows``."""
     def siblings_of_share(share: list[dict]) -> list[list[dict]]:
         before = states.states_before(share)
@@ -162,7 +162,7 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
                 sibling_id = f"{bp['prefix_id']}/s{j}"
                 group.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
                               "history": bp["history"][:-1] + [generation.text],
-                              "parse_ok": played.turns[-1]["parse_ok"],
+                              "parse_ok": played.turns[-1]["parse_ok"], "reply": played.turns[-1]["reply"],
                               "seed": derive_seed(base_seed, "soft_labels", sibling_id)})
             groups.append(group)
         log.info("siblings: %d prefixes, %d sampled answers, %d kept, %d duplicates of an earlier sibling, %d failed",

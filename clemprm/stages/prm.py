@@ -95,7 +95,8 @@ def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -
 
 
 def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int) -> list[Example]:
-    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], chat_template_kwargs, max_length),
+    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], row["reply"], chat_template_kwargs,
+                                 max_length),
                     label=float(row["label"]),
                     key=records.instance_key(row["game"], row["experiment"], row["game_id"]),
                     state_id=row.get("prefix_id") or row["bp_id"],
