@@ -34,7 +34,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> Path:
     override = workdir / "seed.yaml"
     override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}}))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(args.cores),
-               "--directory", str(workdir), "results/prm_eval.json",
+               "--directory", str(workdir), "--rerun-incomplete", "results/prm_eval.json",
                "--configfile", str(Path(args.config).resolve()), str(override)]
     start = time.perf_counter()
     print(f"[learning benchmark] seed {seed}: {' '.join(command)}", flush=True)
