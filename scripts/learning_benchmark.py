@@ -4,7 +4,8 @@
                                          [--workdir runs/learning] [--cores 2] [--table-only]
 
 Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/`` with the benchmark config and
-``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result) (a finished seed is up to date and costs nothing), then
+``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result; a
+finished seed is up to date and costs nothing), then
 ``WORKDIR/seeds.md`` and ``seeds.json`` get the table of :mod:`clemprm.evaluation.seeds`: per seed and on average,
 the PRM's within-state metrics against every baseline, its quality gate, and every search's differences to
 ``random_of_n`` and to its log-probability control. A claim holds when it holds on the mean over at least three

@@ -2,9 +2,9 @@
 
 What a model saw at play time is the player's perspective as a clemcore backend sends it (consecutive same-role
 messages joined, an empty leading system message dropped), rendered by the tokenizer's chat template with the
-generation prompt. SFT trains on exactly that prompt and the PRM reads it with the answer appended, so every
-stage renders through the functions here (the PRM also reads the game's reply to the answer). ``template_kwargs`` are the ``model.chat_template_kwargs`` of the
-config (e.g. ``enable_thinking``).
+generation prompt. SFT trains on exactly that prompt and the PRM reads it with the answer (and the game's reply to
+it) appended, so every stage renders through the functions here. ``template_kwargs`` are the
+``model.chat_template_kwargs`` of the config (e.g. ``enable_thinking``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ the game's reply to it)`` (:class:`clemprm.models.prm.PRMScorer`, :class:`Random
 :class:`clemprm.models.logprob.LogprobScorer` for the policy's own mean token log-probability, or a scripted scorer
 in tests; only the PRM reads the reply). Every search step makes one ``propose`` call (one ``generate`` call per
 model), plays each candidate in a fork of its game (:func:`play_each`: the reply, and the game that goes on when
-the candidate is chosen) and makes one ``score`` call for all games together. This package holds what the strategies share.
+the candidate is chosen) and makes one ``score`` call for all games together. This package holds what the
+strategies share.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def score_candidates(engine, prm, episodes: list, proposals: list[list], childre
     pairs, slots = [], []
     for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):
         for j, (candidate, child) in enumerate(zip(candidates, played)):
-            if candidate.error is None and child.error is None:
+            if child.error is None:   # a failed generation failed its fork too (engine.apply)
                 pairs.append((engine.waiting(episode)[1], candidate.text, child.turns[-1]["reply"]))
                 slots.append((index, j))
     scores = [[-math.inf] * len(candidates) for candidates in proposals]

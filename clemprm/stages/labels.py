@@ -138,8 +138,8 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
                   base_seed: int) -> list[dict]:
     """``rows`` each followed by its siblings: ``siblings - 1`` answers sampled from its prefix in one ``propose``
     call, of which the distinct ones that differ from the candidate are kept, each with the game's verdict on it
-    (``parse_ok``), the game's reply to it and its own seed. An answer the policy or the game failed on is left out (logged). In a job of
-    several processes each samples the siblings of its share of ``rows``."""
+    (``parse_ok``), the game's reply to it and its own seed. An answer the policy or the game failed on is left out
+    (logged). In a job of several processes each samples the siblings of its share of ``rows``."""
     def siblings_of_share(share: list[dict]) -> list[list[dict]]:
         before = states.states_before(share)
         for state, bp in zip(before, share):  # fresh samples, not the played candidate again

@@ -5,8 +5,9 @@ by scripts/install_profile.sh and named exactly as users type it. The SLURM run 
 (SLURM_TARGETS: every kind of job, a GPU rule in two processes, a sharded rule, training, a CPU rule; the session's
 one full run of the DAG is the local one, tests/conftest.py's completed_run, and every rule's SLURM resources are
 checked by tests/slurm/test_profile.py). Checks: every job of those targets ran as a SLURM job, the GPU rules asked
-SLURM for a GPU (sbatch line and scontrol), the records equal those of the local run of the same config, a failing job is reported as failed (bounded by `timeout -k`, never a hang), and with `slurm-requeue` a
-label shard requeued mid-way is waited for and resumes from its checkpoint to the records of an uninterrupted run.
+SLURM for a GPU (sbatch line and scontrol), the records equal those of the local run of the same config, a failing
+job is reported as failed (bounded by `timeout -k`, never a hang), and with `slurm-requeue` a label shard requeued
+mid-way is waited for and resumes from its checkpoint to the records of an uninterrupted run.
 
 Set CLEMPRM_SLURM_ARTIFACTS=DIR to keep the sbatch lines, wall times and snakemake output there.
 """
