@@ -386,6 +386,17 @@ class RolloutEngine:
         elif (waiting := self.waiting(episode)) is not None:
             self._apply(episode, *waiting, generation)
 
+    def play_each(self, episode: Episode, candidates: list, seeds: list[int] | None = None) -> list[Episode]:
+        """A fork of ``episode`` per candidate with that candidate played (fork ``j`` seeded ``seeds[j]``, by default
+        the episode's own seed): its turn record holds the game's reply, and it is the game that goes on when a
+        search chooses that candidate. A candidate that failed, or that the game failed on, fails its fork."""
+        children = []
+        for j, candidate in enumerate(candidates):
+            child = episode.fork(seed=None if seeds is None else seeds[j])
+            self.apply(child, candidate)
+            children.append(child)
+        return children
+
     def step(self, episodes: list[Episode], sampling: Sampling | None = None) -> tuple[int, int]:
         """Answer every episode that waits for a model: one ``generate`` call per model. Returns (turns, tokens)."""
         turns = tokens = 0

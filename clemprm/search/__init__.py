@@ -11,9 +11,9 @@ A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspe
 the game's reply to it)`` (:class:`clemprm.models.prm.PRMScorer`, :class:`RandomScorer` for the control mode,
 :class:`clemprm.models.logprob.LogprobScorer` for the policy's own mean token log-probability, or a scripted scorer
 in tests; only the PRM reads the reply). Every search step makes one ``propose`` call (one ``generate`` call per
-model), plays each candidate in a fork of its game (:func:`play_each`: the reply, and the game that goes on when
-the candidate is chosen) and makes one ``score`` call for all games together. This package holds what the
-strategies share.
+model), plays each candidate in a fork of its game (:meth:`~clemprm.play.engine.RolloutEngine.play_each`: the
+reply, and the game that goes on when the candidate is chosen) and makes one ``score`` call for all games together.
+This package holds what the strategies share.
 """
 
 from __future__ import annotations
@@ -65,22 +65,10 @@ def greedy_cost(episode) -> SearchCost:
     return SearchCost(policy_tokens=sum(turn["new_tokens"] for turn in episode.turns), nodes=len(episode.turns))
 
 
-def play_each(engine, episode, candidates: list, seeds: list[int] | None = None) -> list:
-    """A fork of ``episode`` per candidate with that candidate played (fork ``j`` seeded ``seeds[j]``, by default
-    the episode's own id and seed): its turn record holds the game's reply, and it is the game that goes on when
-    the search chooses that candidate."""
-    children = []
-    for j, candidate in enumerate(candidates):
-        child = episode.fork(seed=None if seeds is None else seeds[j])
-        engine.apply(child, candidate)
-        children.append(child)
-    return children
-
-
 def score_candidates(engine, prm, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
     """The scorer's score of every candidate of every episode, in one ``score`` call: on the perspective of the
     player the episode waits for, the candidate, and the game's reply to it in its fork (``children``, from
-    :func:`play_each`). A failed generation, or a candidate the game failed on, is not scored (-inf): it wins only
+    ``engine.play_each``). A failed generation, or a candidate the game failed on, is not scored (-inf): it wins only
     when every one failed."""
     pairs, slots = [], []
     for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):

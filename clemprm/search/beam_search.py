@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
 from clemprm.stats import derive_seed
-from clemprm.search import SearchCost, choice, play_each, score_candidates
+from clemprm.search import SearchCost, choice, score_candidates
 
 AGGREGATIONS = ("last", "min", "prod")
 
@@ -44,11 +44,11 @@ def distinct(candidates: list) -> list:
 
 
 def children_of(engine: RolloutEngine, beam: Beam, candidates: list) -> list[Episode]:
-    """A fork of ``beam`` per candidate, with that answer played (:func:`clemprm.search.play_each`). Each child gets
+    """A fork of ``beam`` per candidate, with that answer played (:meth:`RolloutEngine.play_each`). Each child gets
     its own seed, so beams that share a turn number do not share random streams."""
     turn_idx = len(beam.episode.turns)
-    return play_each(engine, beam.episode, candidates,
-                     seeds=[derive_seed(beam.episode.seed, "beam", turn_idx, j) for j in range(len(candidates))])
+    return engine.play_each(beam.episode, candidates,
+                            seeds=[derive_seed(beam.episode.seed, "beam", turn_idx, j) for j in range(len(candidates))])
 
 
 def expand(beam: Beam, candidates: list, children: list[Episode], scores: list[float]) -> list[Beam]:

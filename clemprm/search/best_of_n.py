@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
-from clemprm.search import SearchCost, choice, play_each, score_candidates
+from clemprm.search import SearchCost, choice, score_candidates
 
 
 def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampling: Sampling,
@@ -22,7 +22,7 @@ def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampl
     while live:
         waiting = [episodes[index] for index in live]
         proposals = engine.propose(waiting, n, sampling)
-        children = [play_each(engine, episode, candidates) for episode, candidates in zip(waiting, proposals)]
+        children = [engine.play_each(episode, candidates) for episode, candidates in zip(waiting, proposals)]
         scores = score_candidates(engine, prm, waiting, proposals, children)
         turns = tokens = 0
         for index, episode, candidates, played, candidate_scores in zip(live, waiting, proposals, children, scores):

@@ -147,18 +147,19 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
         proposals = engine.propose(before, siblings - 1)
         groups, duplicates, failed = [], 0, 0
         for bp, state, candidates in zip(share, before, proposals):
-            group, seen = [bp], {bp["candidate"]}
+            fresh, seen = [], {bp["candidate"]}
             for j, generation in enumerate(candidates, start=1):
                 if generation.error is None and generation.text in seen:
                     duplicates += 1
-                    continue
-                played = state.fork()
-                engine.apply(played, generation)
+                else:
+                    seen.add(generation.text)
+                    fresh.append((j, generation))
+            group = [bp]
+            for (j, generation), played in zip(fresh, engine.play_each(state, [g for _, g in fresh])):
                 if played.error is not None:
                     failed += 1
                     log.warning("branch point %s: sibling %d left out: %s", bp["bp_id"], j, played.error)
                     continue
-                seen.add(generation.text)
                 sibling_id = f"{bp['prefix_id']}/s{j}"
                 group.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
                               "history": bp["history"][:-1] + [generation.text],
