@@ -1,7 +1,7 @@
 """The learning benchmark over seeds: the pipeline once per seed, then one table of the PRM and the searches.
 
     python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test] [--config configs/learning.yaml]
-                                         [--workdir runs/learning] [--cores 2] [--table-only]
+                                         [--workdir runs/learning] [--cores 2] [--table-only] [--add SEEDS_JSON ...]
 
 Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/`` with the benchmark config and
 ``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result; a
@@ -9,7 +9,8 @@ finished seed is up to date and costs nothing), then
 ``WORKDIR/seeds.md`` and ``seeds.json`` get the table of :mod:`clemprm.evaluation.seeds`: per seed and on average,
 the PRM's within-state metrics against every baseline, its quality gate, and every search's differences to
 ``random_of_n`` and to its log-probability control. A claim holds when it holds on the mean over at least three
-seeds; ``--split test`` (the untouched split) is the final check.
+seeds; ``--split test`` (the untouched split) is the final check. Each seed's row names the commit that ran it;
+``--add`` joins the rows of tables made elsewhere (another machine, a cluster job, an earlier run) to the table.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> Path:
     override = workdir / "seed.yaml"
     # a PRM that fails its quality gate is a result here: the searches run on it and the table shows the gate
     override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}, "on_failure": "continue"}))
+    (workdir / "commit.txt").write_text(commit() + "\n")
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(args.cores),
                "--directory", str(workdir), "--rerun-incomplete", "results/prm_eval.json",
                "--configfile", str(Path(args.config).resolve()), str(override)]
@@ -45,6 +47,14 @@ def run_seed(seed: int, args: argparse.Namespace) -> Path:
     return workdir / "results" / "prm_eval.json"
 
 
+def commit() -> str:
+    """The commit of the code that runs the seeds (``-dirty`` when it has uncommitted changes)."""
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return (head.stdout.strip() or "unknown") + ("-dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 42])
@@ -53,15 +63,19 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/learning")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--table-only", action="store_true", help="only tabulate the seeds already run")
+    parser.add_argument("--add", nargs="+", default=[], metavar="SEEDS_JSON",
+                        help="seeds.json files of seeds run elsewhere, joined to the table (a seed run here wins)")
     args = parser.parse_args()
-    summaries = {}
+    rows = {seed: row for path in args.add for seed, row in seeds.rows_of(json.loads(Path(path).read_text())).items()}
     for seed in args.seeds:
         path = Path(args.workdir) / f"seed-{seed}" / "results" / "prm_eval.json"
         if not args.table_only:
             path = run_seed(seed, args)
         if path.is_file():
-            summaries[seed] = json.loads(path.read_text())
-    table = seeds.seeds_table(summaries)
+            ran_on = path.parent.parent / "commit.txt"
+            rows[seed] = {**seeds.seed_row(json.loads(path.read_text())),
+                          "commit": ran_on.read_text().strip() if ran_on.is_file() else "unknown"}
+    table = seeds.seeds_table(rows)
     out = Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(table, indent=1, sort_keys=True, allow_nan=True) + "\n")

@@ -28,12 +28,17 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     overall = worse["prm"]["ranking"]["scorers"]["prm"]["overall"]
     overall["pairwise_accuracy"]["value"] = 0.0
     worse["differences"]["random_of_n"]["beam_search"]["overall"]["percent_played"]["value"] = beam - 10
-    table = seeds.seeds_table({7: summary, 11: worse})
+    table = seeds.seeds_table({7: seeds.seed_row(summary), 11: {**seeds.seed_row(worse), "commit": "abc1234"}})
     assert set(table["seeds"]) == {7, 11}
     key = "difference/beam_search-random_of_n/percent_played"
     assert table["mean"][key] == beam - 5 and table["sd"][key] == math.sqrt(50)
     claim = table["claims"]["beam_search beats random_of_n on percent_played"]
     assert claim == (beam - 5 > 0)
     assert table["claims"]["best_of_n beats best_of_n_logprob on quality"] is None    # no such mode in the run
+    assert "commit" not in table["mean"]
     text = seeds.markdown(table)
     assert "| seed 7 | seed 11 | mean | sd |" in text and "beam_search beats random_of_n on percent_played" in text
+    assert "| commit | n/a | abc1234 |" in text
+    # a table written as JSON (NaN included) reads back to the same rows: seeds run elsewhere join a later table
+    again = seeds.seeds_table(seeds.rows_of(json.loads(json.dumps(table, allow_nan=True))))
+    assert json.dumps(again, allow_nan=True, sort_keys=True) == json.dumps(table, allow_nan=True, sort_keys=True)

@@ -45,11 +45,12 @@ def seed_row(summary: dict) -> dict[str, float | str]:
     return row
 
 
-def seeds_table(summaries: dict[int, dict]) -> dict:
-    """Per seed the figures of :func:`seed_row`; their mean and standard deviation over the seeds that have them;
-    and the claims, each holding when it holds on the mean."""
-    rows = {seed: seed_row(summary) for seed, summary in sorted(summaries.items())}
-    keys = sorted({key for row in rows.values() for key in row if key != "gate"})
+def seeds_table(rows: dict[int, dict]) -> dict:
+    """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate or the
+    commit that ran it); their mean and standard deviation over the seeds that have them; and the claims, each
+    holding when it holds on the mean."""
+    rows = dict(sorted(rows.items()))
+    keys = sorted({key for row in rows.values() for key, value in row.items() if not isinstance(value, str)})
     mean, sd = {}, {}
     for key in keys:
         values = np.array([row.get(key, math.nan) for row in rows.values()], dtype=float)
@@ -57,6 +58,12 @@ def seeds_table(summaries: dict[int, dict]) -> dict:
         mean[key] = float(values.mean()) if values.size else math.nan
         sd[key] = float(values.std(ddof=1)) if values.size > 1 else math.nan
     return {"seeds": rows, "mean": mean, "sd": sd, "claims": claims(mean)}
+
+
+def rows_of(table: dict) -> dict[int, dict]:
+    """The per-seed rows of a table :func:`seeds_table` made, read back from its JSON (seeds run elsewhere: another
+    machine, a cluster job, an earlier run)."""
+    return {int(seed): row for seed, row in table["seeds"].items()}
 
 
 def claims(mean: dict[str, float]) -> dict[str, bool | None]:
