@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="vLLM dtypes to time (float32 first: the "
+                        "greedy agreement and the workloads run on it)")
     parser.add_argument("--skip-workloads", action="store_true")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
@@ -113,7 +115,7 @@ def main() -> None:
     print("engine        " + " | ".join(f"batch {b}: {v:7.1f}" for b, v in speeds["engine"].items()), flush=True)
     engine_greedy = policy.decoder.generate(greedy_prompts, greedy, list(range(64)), token_budget=cfg.token_budget)
     agreement = None
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes.split(","):
         server = VLLMServer(resolve_model_dir(cfg), settings=vllm_settings({"python": args.vllm_python,
                                                                             "kv_cache_gb": 2}),
                             dtype=dtype, max_model_len=3072, seed=0, max_lora_rank=16,
