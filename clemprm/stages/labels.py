@@ -151,9 +151,10 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
             for j, generation in enumerate(candidates, start=1):
                 if generation.error is None and generation.text in seen:
                     duplicates += 1
-                else:
+                    continue
+                if generation.error is None:
                     seen.add(generation.text)
-                    fresh.append((j, generation))
+                fresh.append((j, generation))
             group = [bp]
             for (j, generation), played in zip(fresh, engine.play_each(state, [g for _, g in fresh])):
                 if played.error is not None:
