@@ -17,6 +17,7 @@ case "$command" in
     ;;
   test)
     setup_venv quickstart
+    bash scripts/setup_vllm.sh >/dev/null   # vLLM's CPU build for tests/test_vllm.py: set-up, not test time
     exec python -m pytest "$@"
     ;;
   *)
