@@ -60,12 +60,16 @@ def renamed_key_problem(config: dict) -> str | None:
 
 
 def cross_key_problem(config: dict) -> str | None:
-    """No game to play, or an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train;
-    None if none."""
+    """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, or a
+    first labelling round of all K or more continuations; None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
                 "names none (name at least one game)")
+    k, k_first = config["labels"]["k"], config["labels"]["k_first"]
+    if k_first is not None and k_first >= k:
+        return (f"config key 'labels.k_first': {k_first} is not below labels.k ({k}): the first round plays k_first "
+                "continuations per candidate and the second the other k - k_first (null: all k at once)")
     algorithms = config["rl"]["algorithms"]
     for mode in config["eval"]["modes"]:
         needed = MODES[mode].algorithm

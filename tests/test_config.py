@@ -96,6 +96,12 @@ def test_an_rl_eval_mode_needs_its_algorithm_trained(mode, algorithms):
     load_config(overrides={"rl": {"algorithms": algorithms}, "eval": {"modes": ["greedy_sft"]}})
 
 
+def test_a_first_labelling_round_of_k_or_more_fails_naming_the_key():
+    with pytest.raises(ConfigError, match=r"'labels.k_first': 4 is not below labels.k \(4\)"):
+        load_config(overrides={"labels": {"k": 4, "k_first": 4}})
+    assert load_config(overrides={"labels": {"k": 4, "k_first": 2}})["labels"]["k_first"] == 2
+
+
 def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():
     config = load_config()
     grpo, prime = rl_params(config, "grpo"), rl_params(config, "prime")

@@ -15,10 +15,10 @@ import yaml
 from clemprm import records
 from clemprm.stages import labels
 from clemprm.play.catalog import GameCatalog
-from tests.conftest import tiny_config
+from tests.conftest import binary_search_answer, tiny_config
 
-LABEL_SETTINGS = {"k": 3, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 8, "max_rollout_rounds": 10,
-                  "aborted_value": 0.25, "shards": 1, "checkpoint_every": 4}
+LABEL_SETTINGS = {"k": 3, "k_first": None, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 8,
+                  "max_rollout_rounds": 10, "aborted_value": 0.25, "shards": 1, "checkpoint_every": 4}
 
 
 def settings_for(config: dict, **label_overrides) -> dict:
@@ -103,6 +103,44 @@ def test_aborting_continuations_get_the_aborted_value(oddoneout, scripted_policy
     assert continued
     for row in continued:  # a second violation in a row aborts: each continuation scores aborted_value
         assert row["n_aborted"] == 3 and row["n_success"] == 0 and row["label"] == pytest.approx(0.25)
+
+
+def coin_flip_policy(scripted_policy, answer):
+    """Answers ``answer(messages)`` on odd sampling seeds and breaks the rules on even ones: continuations of one
+    candidate that differ, as sampled ones do."""
+    class CoinFlips(scripted_policy):
+        def generate(self, perspectives, seeds=None, **sampling):
+            return [scripted_policy(answer if seed % 2 else (lambda _: "No idea.")).generate([messages], **sampling)[0]
+                    for messages, seed in zip(perspectives, seeds)]
+    return CoinFlips(answer)
+
+
+def test_k_first_labels_settled_states_from_the_first_round_and_the_rest_as_all_k_at_once(
+        scripted_policy, tmp_path):
+    """Two rounds: a state whose first-round continuations all scored alike keeps those k_first; every other
+    state's labels are the ones all K at once give, continuation for continuation, in any chunking."""
+    config = tiny_config(games={"builtin": ["guessnumber"]}, branch_points={"max_per_episode": 4, "siblings": 3})
+    policy = coin_flip_policy(scripted_policy, binary_search_answer)
+    settings = settings_for(config, k=6)
+    bp_path = tmp_path / "bp.parquet"
+    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    all_k = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "all.parquet", policy=policy)
+    two_rounds = labels.soft_labels_shard({**settings, "labels": {**settings["labels"], "k_first": 2,
+                                                                  "checkpoint_every": 1}},
+                                          bp_path, None, 0, 1, tmp_path / "two.parquet", policy=policy)
+    first_scores = {}
+    for row in all_k:
+        first_scores.setdefault(row["prefix_id"], set()).update(row["rollout_scores"][:1 if row["terminal"] else 2])
+    settled = {prefix for prefix, scores in first_scores.items() if len(scores) == 1}
+    assert settled and set(first_scores) - settled   # both kinds of state
+    assert [row["bp_id"] for row in two_rounds] == [row["bp_id"] for row in all_k]
+    for full, row in zip(all_k, two_rounds):
+        if full["prefix_id"] not in settled or full["terminal"]:
+            assert same_rows([row], [full])
+        else:
+            assert row["k"] == 2 and row["rollout_scores"] == full["rollout_scores"][:2]
+            assert row["label"] == pytest.approx(sum(row["rollout_scores"]) / 200)
+    assert sum(row["k"] for row in two_rounds) < sum(row["k"] for row in all_k)
 
 
 def test_capped_continuations_get_the_partial_score(scripted_policy, tmp_path):

@@ -26,6 +26,12 @@ Soft labels
     cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
     its own final score.
 
+    With ``labels.k_first`` (1 <= k_first < K) the continuations are played in two rounds: k_first per candidate
+    first, then the other K - k_first only for the states where some first-round score differs from another (the
+    siblings' and the continuations' own): a state whose every continuation lost alike keeps its k_first (its
+    labels are alike either way), and every other label is the one all K at once give, continuation for
+    continuation. The labelling budget goes to the states a PRM can learn to rank from.
+
     A continuation whose game raises (its code, its scorer, its ``partial_bench_score``, its scorer on an episode
     with answers closed as lost) is an error: it is left
     out of the label (``n_errors`` counts it, ``rollout_scores`` holds only the scored ones) and logged with its
@@ -35,7 +41,7 @@ Sharding and resumption
     Shard s of S takes the prefixes s, s+S, s+2S, ... with all their siblings (one replay of a state serves them
     all, and their continuations share the prefix in the generator's batches). Every random choice derives from
     the branch point's own seed, never from the shard or the batch, so the gathered labels do not depend on S. A shard labels its
-    branch points in chunks of ``labels.checkpoint_every`` and appends each finished chunk to a checkpoint folder
+    branch points in chunks of ``labels.checkpoint_every`` (whole states) and appends each finished chunk to a checkpoint folder
     beside its output; a shard that is killed and rerun skips what its checkpoint holds (the checkpoint is
     discarded when the settings or the branch points changed; an unreadable part alone, with a warning).
 """
@@ -396,45 +402,82 @@ class ReplayDivergence(RuntimeError):
 
 def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict], label_settings: dict,
                 errors: ErrorCounts | None = None) -> list[dict]:
-    """Soft-label a chunk of branch points: all K continuations of all of them in lockstep. Branch points without
-    any scored continuation get no row (their errors are counted in ``errors``)."""
+    """Soft-label a chunk of branch points: all K continuations of all of them in lockstep; with
+    ``labels.k_first`` in two rounds (:func:`settled_states`). Branch points without any scored continuation get
+    no row (their errors are counted in ``errors``)."""
     errors = errors if errors is not None else ErrorCounts()
-    k, cap, aborted_value = label_settings["k"], label_settings["max_rollout_rounds"], label_settings["aborted_value"]
+    k, aborted_value = label_settings["k"], label_settings["aborted_value"]
+    first = label_settings["k_first"] or k
     roots = states.states(bps)
-    continuations: list[tuple[int, Episode, int]] = []  # (branch point index, fork, turns before it)
-    rows: dict[int, dict | None] = {}
+    outcomes: dict[int, list] = {}   # branch point index -> (score, aborted, success, capped) of each scored one
+    failed: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    terminal, live = {}, []
     for index, (bp, root) in enumerate(zip(bps, roots)):
-        if root.done:  # the candidate ended the game
-            outcome = scored(root, False, aborted_value, errors)
-            if outcome is not None:
-                score, aborted, success = outcome
-                rows[index] = label_row(bp, [score], [aborted], [success], 0, 0, terminal=True)
+        if not root.done:
+            live.append(index)
             continue
-        for j in range(k):
+        outcome = scored(root, False, aborted_value, errors)   # the candidate ended the game
+        if outcome is not None:
+            terminal[index] = outcome
+    play_continuations(engine, bps, roots, live, range(first), label_settings, errors, outcomes, failed, tokens)
+    if first < k:
+        settled = settled_states(bps, terminal, outcomes)
+        rest = [index for index in live if bps[index]["prefix_id"] not in settled]
+        log.info("soft labels, k_first %d: %d of %d states settled (every first continuation scored alike); "
+                 "%d of %d candidates get the other %d continuations", first, len(settled),
+                 len({bp["prefix_id"] for bp in bps}), len(rest), len(live), k - first)
+        play_continuations(engine, bps, roots, rest, range(first, k), label_settings, errors, outcomes, failed,
+                           tokens)
+    rows = {index: label_row(bps[index], [score], [aborted], [success], 0, 0, terminal=True)
+            for index, (score, aborted, success) in terminal.items()}
+    for index in live:
+        scores, aborted, success, capped = ([list(column) for column in zip(*outcomes[index])] if index in outcomes
+                                            else [[]] * 4)
+        rows[index] = label_row(bps[index], scores, aborted, success, sum(capped), tokens.get(index, 0),
+                                terminal=False, errors=failed.get(index, 0))
+    return [rows[index] for index in sorted(rows) if rows[index] is not None]
+
+
+def play_continuations(engine: RolloutEngine, bps: list[dict], roots: list[Episode], indices: list[int],
+                       continuations: range, label_settings: dict, errors: ErrorCounts, outcomes: dict,
+                       failed: dict, tokens: dict) -> None:
+    """Play continuations ``continuations`` (their numbers j) of the branch points ``indices`` to the end in
+    lockstep and add their scores to ``outcomes``, their failures to ``failed``, their new tokens to ``tokens``.
+    Continuation j of a branch point is seeded from the branch point and j alone, so it is the same continuation
+    in either round and in any chunk."""
+    forks: list[tuple[int, Episode, int]] = []  # (branch point index, fork, turns before it)
+    for index in indices:
+        bp, root = bps[index], roots[index]
+        for j in continuations:
             fork = root.fork(f"{bp['bp_id']}/k{j}", seed=derive_seed(bp["seed"], "continuation", j))
             # each continuation meets its own game randomness (a game that draws during play), seeded like its answers
             if fork.generator_states is not None:
                 fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
-            continuations.append((index, fork, len(root.turns)))
-    engine.run([fork for _, fork, _ in continuations], label="soft label continuations", max_turns=cap)
-
-    results: dict[int, list] = {}
-    failed: dict[int, int] = {}
-    tokens: dict[int, int] = {}
-    for index, fork, start in continuations:
+            forks.append((index, fork, len(root.turns)))
+    if not forks:
+        return
+    engine.run([fork for _, fork, _ in forks], label="soft label continuations",
+               max_turns=label_settings["max_rollout_rounds"])
+    for index, fork, start in forks:
         capped = not fork.done
         tokens[index] = tokens.get(index, 0) + sum(turn["new_tokens"] for turn in fork.turns[start:])
-        outcome = scored(fork, capped, aborted_value, errors)
+        outcome = scored(fork, capped, label_settings["aborted_value"], errors)
         if outcome is None:
             failed[index] = failed.get(index, 0) + 1
         else:
-            results.setdefault(index, []).append((*outcome, capped))
-    for index in sorted({index for index, _, _ in continuations}):
-        outcomes = results.get(index, [])
-        scores, aborted, success, capped = [list(column) for column in zip(*outcomes)] if outcomes else [[]] * 4
-        rows[index] = label_row(bps[index], scores, aborted, success, sum(capped), tokens[index], terminal=False,
-                                errors=failed.get(index, 0))
-    return [rows[index] for index in sorted(rows) if rows[index] is not None]
+            outcomes.setdefault(index, []).append((*outcome, capped))
+
+
+def settled_states(bps: list[dict], terminal: dict, outcomes: dict) -> set[str]:
+    """The states (prefix ids) whose candidates' first-round outcomes all scored alike (a terminal candidate by its
+    own score): no difference between or within their candidates seen, so they keep their ``k_first``
+    continuations. The others get all K: their labels are those of a run with all K at once."""
+    scores: dict[str, set[float]] = {}
+    for index, bp in enumerate(bps):
+        seen = [terminal[index][0]] if index in terminal else [outcome[0] for outcome in outcomes.get(index, [])]
+        scores.setdefault(bp["prefix_id"], set()).update(seen)
+    return {prefix for prefix, seen in scores.items() if len(seen) <= 1}
 
 
 def label_chunk_split(engine: RolloutEngine, states: BranchPointStates, bps: list[dict], label_settings: dict,
@@ -496,6 +539,21 @@ def shard_fingerprint(settings: dict, bp_path: str | Path, shard: int, shards: i
     return digest.hexdigest()
 
 
+def whole_states(bps: list[dict], size: int) -> list[list[dict]]:
+    """``bps`` in chunks of at least ``size`` branch points (the last one may be smaller) that split no state: a
+    state's siblings are labelled in one chunk, where ``labels.k_first`` compares them."""
+    by_state: dict[str, list[dict]] = {}
+    for bp in bps:
+        by_state.setdefault(bp["prefix_id"], []).append(bp)
+    chunks, chunk = [], []
+    for state in by_state.values():
+        if len(chunk) >= size:
+            chunks.append(chunk)
+            chunk = []
+        chunk += state
+    return chunks + ([chunk] if chunk else [])
+
+
 def shard_rows(bps: list[dict], shard: int, shards: int) -> list[dict]:
     """The branch points of prefixes ``shard, shard + shards, ...`` (in order of first appearance), siblings
     included; with one candidate per prefix, branch points ``shard, shard + shards, ...``."""
@@ -529,8 +587,8 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
             label_settings["temperature"], label_settings["top_p"], label_settings["max_new_tokens"]))
         states = BranchPointStates(engine, engine.catalog, policy, settings["seed"])
         step, errors = label_settings["checkpoint_every"], errors if errors is not None else ErrorCounts()
-        for start in range(0, len(todo), step):
-            rows = label_chunk_split(engine, states, todo[start:start + step], label_settings, errors)
+        for chunk in whole_states(todo, step):
+            rows = label_chunk_split(engine, states, chunk, label_settings, errors)
             checkpoint.save(rows)
             done.update((row["bp_id"], row) for row in rows)
             log.info("soft labels shard %d/%d: %d/%d branch points labelled", shard, shards, len(done), len(mine))
