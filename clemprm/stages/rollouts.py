@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from clemprm import records
+from clemprm import distributed, records
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
@@ -61,11 +61,12 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
     log.info("played %d episodes\n%s", len(rows), summarize(rows))
     marks += check_episodes("base_rollouts", rows, on_failure)
     records.write_records(output, rows, records.EPISODES, {**provenance(settings), **marks_metadata(marks)})
-    log.info("wrote %d episodes to %s", len(rows), output)
     if clembench_dir is not None:
         tree = write_results_tree(clembench_dir, run_dir, [entry for _, entry in played], infos=infos,
                                   info={"stage": "base_rollouts", "split": "train"})
-        log.info("base rollouts -> %s (clembench results tree)", tree)
+    if distributed.is_main():   # rank 0 alone writes (records.write_records, write_results_tree)
+        log.info("wrote %d episodes to %s%s", len(rows), output,
+                 f" and a clembench results tree in {tree}" if clembench_dir is not None else "")
     return rows
 
 
