@@ -1,6 +1,7 @@
 """Benchmark: what ``labels.k_first`` (two labelling rounds) would spend and keep on labels already made with all K.
 
     python scripts/bench_k_first.py results/labels/soft_labels.parquet [--k-first 1 2 3]
+    python scripts/bench_k_first.py results/labels/shards/*.parquet        (the shards of a run, together)
 
 A soft-label row keeps its continuations' scores in the order they were seeded (continuation j from the branch point's
 seed and j alone), so the first n of them are exactly what a first round of n plays. For each n this replays the
@@ -29,16 +30,16 @@ def informative_states(rows: list[dict]) -> set[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("labels", help="a soft_labels.parquet made with all K at once (labels.k_first: null)")
+    parser.add_argument("labels", nargs="+", help="soft-label files made with all K at once (labels.k_first: null)")
     parser.add_argument("--k-first", type=int, nargs="+", default=[1, 2, 3])
     args = parser.parse_args()
-    rows = records.read_records(args.labels, records.SOFT_LABELS)
+    rows = [row for path in args.labels for row in records.read_records(path, records.SOFT_LABELS)]
     live = [row for row in rows if not row["terminal"]]
     k = max(row["k"] for row in rows)
     all_continuations = sum(row["k"] for row in live)
     all_tokens = sum(row["new_tokens"] for row in live)
     informative = informative_states(rows)
-    print(f"{args.labels}: {len(rows)} candidates ({len(live)} with continuations), "
+    print(f"{' '.join(args.labels)}: {len(rows)} candidates ({len(live)} with continuations), "
           f"{len({row['prefix_id'] for row in rows})} states, K = {k}: {all_continuations} continuations, "
           f"{all_tokens} new tokens; {len(informative)} states whose siblings' labels differ")
     print(f"{'k_first':>7} {'settled states':>14} {'continuations':>18} {'new tokens':>18} "

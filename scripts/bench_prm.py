@@ -17,8 +17,15 @@ clemprm.models.gated_delta's kernel) cost about the same per token at any batch 
 pairs and on GPUs, sharing gains on every device in proportion to the prefix tokens it skips.
 ``--adapter DIR`` scores with a trained PRM adapter (the scores, not the speed, depend on it).
 
+``--training LABELS`` times the PRM's training step instead, on the sibling groups of a soft-labels file (a
+pipeline's ``results/labels/soft_labels.parquet``: real perspectives), micro-batches of ``prm.batch_size`` states as
+the stage makes them with ``prm.pairwise_weight`` > 0: forward and backward of the loss with every pair in full
+against the siblings on their shared prefix (:func:`clemprm.models.scoring.logits_sharing_prefixes`), interleaved,
+on a fresh LoRA of config.yaml's ``prm.lora`` (dropout off, so both compute the same loss).
+
     python scripts/bench_prm.py
     python scripts/bench_prm.py --smollm2
+    python scripts/bench_prm.py --training runs/learning/seed-11/results/labels/soft_labels.parquet --batches 6
 """
 
 from __future__ import annotations
@@ -116,6 +123,55 @@ def bench_model(shared: PRMScorer, args, n_prefixes: int, n_mixed: int) -> None:
     bench_workload("mixed", make_pairs(n_mixed, args.max_exchanges), shared, full, args.repeats)
 
 
+def bench_training(args) -> None:
+    """Seconds per training micro-batch (forward + backward), every pair in full vs siblings on a shared prefix."""
+    import torch
+    from peft import get_peft_model
+
+    from clemprm.config import load_config
+    from clemprm.models.loader import load_tokenizer_and_model
+    from clemprm.models.scoring import logits_sharing_prefixes, pad_right
+    from clemprm.stages import prm
+    from clemprm.training import lora_config
+
+    settings = load_config()["prm"]
+    cfg = ModelConfig(spec=args.training_model, threads=args.threads, cache_dir=args.cache_dir)
+    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
+    model = get_peft_model(model, lora_config({**settings["lora"], "dropout": 0.0}, "SEQ_CLS"))
+    examples = prm.build_examples(prm.read_labels(args.training), tokenizer, cfg.chat_template_kwargs,
+                                  settings["max_length"])
+    states = [group for group in prm.sibling_groups(examples) if len(group) > 1]
+    batches = [states[i:i + settings["batch_size"]] for i in range(0, len(states), settings["batch_size"])]
+    batches = random.Random(0).sample(batches, min(args.batches, len(batches)))
+    print(f"{cfg.short_name} training step, {torch.get_num_threads()} threads: {len(examples)} pairs in {len(states)} "
+          f"states with siblings; {len(batches)} micro-batches of {settings['batch_size']} states")
+
+    def step(batch, shared: bool) -> tuple[float, float]:
+        pairs = [example for state in batch for example in state]
+        input_ids, attention_mask = pad_right([e.input_ids for e in pairs], tokenizer.pad_token_id)
+        groups = torch.tensor([k for k, state in enumerate(batch) for _ in state])
+        start = time.perf_counter()
+        logits = (logits_sharing_prefixes(model, input_ids, attention_mask, groups.tolist(), tokenizer.pad_token_id)
+                  if shared else model(input_ids=input_ids, attention_mask=attention_mask).logits)
+        loss = prm.prm_loss(logits.squeeze(-1).float(), torch.tensor([e.label for e in pairs]), groups, "bce", 1.0)
+        loss.backward()
+        model.zero_grad()
+        return time.perf_counter() - start, loss.item()
+
+    step(batches[0], True)   # warm up
+    seconds, tokens, gap = {"full": [], "shared": []}, 0, 0.0
+    for batch in batches:
+        tokens += sum(len(e.input_ids) for state in batch for e in state)
+        (full_s, full_loss), (shared_s, shared_loss) = step(batch, False), step(batch, True)
+        seconds["full"].append(full_s)
+        seconds["shared"].append(shared_s)
+        gap = max(gap, abs(full_loss - shared_loss))
+    full, shared = sum(seconds["full"]), sum(seconds["shared"])
+    print(f"{'every pair in full':<28} {full / len(batches):6.2f} s/micro-batch {tokens / full:7.0f} tokens/s")
+    print(f"{'siblings on a shared prefix':<28} {shared / len(batches):6.2f} s/micro-batch {tokens / shared:7.0f} "
+          f"tokens/s   {full / shared:.2f}x; largest loss difference {gap:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefixes", type=int, default=64, help="best-of-N prefixes (tiny model)")
@@ -134,7 +190,16 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--training", default=None, metavar="SOFT_LABELS",
+                        help="time the PRM's training step on this soft-labels file instead of scoring")
+    parser.add_argument("--training-model", default="embedded:smollm2-135m-instruct")
+    parser.add_argument("--batches", type=int, default=6, help="training micro-batches timed (--training)")
     args = parser.parse_args()
+    if args.training:
+        print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        bench_training(args)
+        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        return
     runs = [("tiny:0", args.prefixes, args.pairs)]
     if args.smollm2:
         runs.append(("embedded:smollm2-135m-instruct", args.smollm2_prefixes, args.smollm2_pairs))

@@ -286,6 +286,7 @@ def test_pairwise_training_batches_whole_states_and_ranks_held_out_siblings(tmp_
     metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
                             str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir)
     assert metrics["pairwise_weight"] == 1.0 and metrics["examples"]["train"] == 36
+    assert metrics["shared_prefixes"]   # a state's siblings trained on their shared prefix
     assert metrics["steps"] == 5 * metrics["epochs_run"]
     assert metrics["ranking"]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] == 1.0
 
@@ -379,6 +380,48 @@ def test_shared_prefixes_give_the_full_sequence_scores(trained):
         if max_length > 40:                                      # most tokens are prefix tokens, computed once
             assert shared.stats.shared_tokens > shared.stats.tokens // 2
     assert shared.stats.truncated == full.stats.truncated > 0
+
+
+def test_training_on_shared_prefixes_gives_the_full_forward_loss_and_gradients(trained):
+    """The training forward with a state's siblings on their shared prefix (rows grouped as the collator groups
+    them, a pair alone among them): the loss with the pairwise term and every LoRA and score-head gradient equal
+    those of the full padded forward."""
+    scorer = trained["scorer"]
+    model, tokenizer = scorer.model, scorer.tokenizer
+    pairs = best_of_n_pairs()[:9]   # two states of four siblings and a pair alone
+    sequences = [prm_model.encode_pair(tokenizer, prefix, candidate, reply, None, 1024)[0]
+                 for prefix, candidate, reply in pairs]
+    input_ids, attention_mask = scoring.pad_right(sequences, tokenizer.pad_token_id)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2])
+    labels = torch.tensor([0.0, 1.0, 0.5, 0.0, 0.25, 0.0, 1.0, 0.0, 1.0])
+    shared_groups, alone = scoring.shared_prefix_groups(sequences, groups.tolist())
+    assert [group.rows for group in shared_groups] == [[0, 1, 2, 3], [4, 5, 6, 7]] and alone == [8]
+    # the loaded scorer is frozen: its LoRA and score head train here as in the PRM stage
+    trainable = [p for name, p in model.named_parameters() if "lora_" in name or "score" in name]
+    for parameter in trainable:
+        parameter.requires_grad_(True)
+    model.eval()   # LoRA dropout off: the two forwards draw no masks
+    results = []
+    try:
+        for shared in (True, False):
+            model.zero_grad()
+            logits = (scoring.logits_sharing_prefixes(model, input_ids, attention_mask, groups.tolist(),
+                                                      tokenizer.pad_token_id) if shared else model(input_ids=input_ids, attention_mask=attention_mask).logits)
+            loss = prm.prm_loss(logits.squeeze(-1).float(), labels, groups, "bce", 1.0)
+            loss.backward()
+            results.append((loss.item(), [None if p.grad is None else p.grad.clone() for p in trainable]))
+    finally:
+        model.zero_grad()
+        for parameter in trainable:
+            parameter.requires_grad_(False)
+    (shared_loss, shared_grads), (full_loss, full_grads) = results
+    assert shared_loss == pytest.approx(full_loss, abs=1e-5)
+    # (the score head's frozen original, kept by PEFT beside its trained copy, gets none)
+    assert [g is None for g in shared_grads] == [g is None for g in full_grads]
+    used = [(shared, full) for shared, full in zip(shared_grads, full_grads) if full is not None]
+    assert len(used) > 2 and all(full.abs().max() > 0 for _, full in used)
+    for shared_grad, full_grad in used:
+        assert torch.allclose(shared_grad, full_grad, atol=1e-5, rtol=1e-3)
 
 
 def test_a_model_without_a_shareable_cache_scores_in_full(trained, monkeypatch, caplog):

@@ -10,7 +10,8 @@ suffixes, padded on the right, attending to prefix + suffix. Left padding is exa
 and for Qwen3.5's Gated DeltaNet layers (padded positions are zeroed before they reach the conv and recurrent
 states, which therefore stay zero until the first real token). :func:`prefix_sharing_problem` says when a model's
 cache holds anything else; such a model scores every pair in full. The PRM (:mod:`clemprm.models.prm`) and the
-policy's log-probability scorer (:mod:`clemprm.models.logprob`) both score through here.
+policy's log-probability scorer (:mod:`clemprm.models.logprob`) both score through here, and the PRM's training
+forward (:func:`logits_sharing_prefixes`: a state's siblings compute their perspective once).
 """
 
 from __future__ import annotations
@@ -140,6 +141,28 @@ def forward_on_shared_prefixes(model, sequences: list[list[int]], groups: list[P
     output = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
                    position_ids=positions.to(device), **with_cache)
     return output, suffix_ids
+
+
+def logits_sharing_prefixes(model, input_ids, attention_mask, keys: list, pad_id: int):
+    """The model's ``logits`` for each row of a right-padded batch (in row order), the rows of one key (e.g. a
+    state's siblings) computing their common token prefix once (:func:`forward_on_shared_prefixes`); the other rows
+    in one padded pass. Differentiable: in training the prefix's gradient gathers the gradients of every row on it.
+    Equal to ``model(input_ids, attention_mask).logits`` up to float rounding."""
+    import torch
+
+    device = next(model.parameters()).device
+    sequences = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+    groups, alone = shared_prefix_groups(sequences, keys)
+    parts, order = [], []
+    if alone:
+        ids, mask = pad_right([sequences[i] for i in alone], pad_id)
+        parts.append(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits)
+        order += alone
+    if groups:
+        output, _ = forward_on_shared_prefixes(model, sequences, groups, pad_id)
+        parts.append(output.logits)
+        order += [i for group in groups for i in group.rows]
+    return torch.cat(parts)[torch.argsort(torch.tensor(order, device=device))]
 
 
 def cache_keyword(model) -> str | None:

@@ -35,7 +35,7 @@ from clemprm.models.generation import load_policy
 from clemprm.models.loader import load_tokenizer_and_model, policy_settings, resolve_dtype, resolve_quantization
 from clemprm.models.logprob import mean_logprobs
 from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
-from clemprm.models.scoring import pad_right
+from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
 from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
@@ -171,16 +171,24 @@ def _trainer_class():
 
         loss_is_scaled_for_ga = False
 
-        def __init__(self, *args, loss: str = "bce", pairwise_weight: float = 0.0, **kwargs):
+        def __init__(self, *args, loss: str = "bce", pairwise_weight: float = 0.0, share_prefixes: bool = False,
+                     pad_id: int = 0, **kwargs):
             super().__init__(*args, **kwargs)
             self.loss = loss
             self.pairwise_weight = pairwise_weight
+            self.share_prefixes = share_prefixes
+            self.pad_id = pad_id
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels, groups, weights = inputs.pop("labels"), inputs.pop("groups"), inputs.pop("weights")
-            outputs = model(**inputs)
-            loss = prm_loss(outputs.logits.squeeze(-1).float(), labels, groups, self.loss, self.pairwise_weight,
-                            weights)
+            if self.share_prefixes:   # a state's siblings (one group) compute their perspective once
+                logits = logits_sharing_prefixes(model, inputs["input_ids"], inputs["attention_mask"],
+                                                 groups.tolist(), self.pad_id)
+                outputs = {"logits": logits}
+            else:
+                outputs = model(**inputs)
+                logits = outputs.logits
+            loss = prm_loss(logits.squeeze(-1).float(), labels, groups, self.loss, self.pairwise_weight, weights)
             return (loss, outputs) if return_outputs else loss
 
     return PRMTrainer
@@ -227,6 +235,17 @@ def _as_dataset(examples: list[Example], by_state: bool, weights: dict[int, floa
                               "length": [sum(len(e.input_ids) for e in group) for group in groups]})
 
 
+def shares_prefixes(model, by_state: bool) -> bool:
+    """Whether training computes a state's perspective once for its siblings: with the siblings in one micro-batch
+    (``by_state``), a model whose cache allows it, in one process (DistributedDataParallel takes one forward per
+    backward; the shared forward makes two)."""
+    problem = prefix_sharing_problem(model) if by_state else "no sibling groups"
+    problem = problem or (f"{distributed.world_size()} processes" if distributed.world_size() > 1 else None)
+    log.info("prm training: %s", f"each pair in full ({problem})" if problem
+             else "a state's siblings compute their shared prefix once")
+    return problem is None
+
+
 def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validation: list[Example], output_dir: str,
            device: str, dtype, tracking: TrackingRun) -> tuple[object, dict]:
     """Train the PEFT model, its curves to the ``tracking`` run (inside :func:`~clemprm.tracking.tracker_environment`);
@@ -250,7 +269,8 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         train_dataset=_as_dataset(train, by_state, label_weights(train, prm["label_weighting"])),
         eval_dataset=_as_dataset(validation, by_state, label_weights(validation, "none")) if validation else None,
         data_collator=_collator(tokenizer.pad_token_id), callbacks=callbacks, loss=prm["loss"],
-        pairwise_weight=prm["pairwise_weight"])
+        pairwise_weight=prm["pairwise_weight"], share_prefixes=shares_prefixes(model, by_state),
+        pad_id=tokenizer.pad_token_id)
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
     start = time.perf_counter()
     result = trainer.train()
@@ -266,7 +286,8 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "max_epochs": prm["epochs"], "stopped_early": bool(validation) and (state.epoch or 0) < prm["epochs"] - 1e-6,
         "best_epoch": best.get("epoch"), "batch_size": prm["batch_size"], "grad_accum": grad_accum,
         "effective_batch": prm["batch_size"] * grad_accum, "optimizer": OPTIMIZER_AUTO[device], "bf16": args.bf16,
-        "gradient_checkpointing": args.gradient_checkpointing, "train_loss": finite(result.training_loss),
+        "gradient_checkpointing": args.gradient_checkpointing, "shared_prefixes": trainer.share_prefixes,
+        "train_loss": finite(result.training_loss),
         "final_train_loss": history[-1].get("train_loss") if history else None, "eval_loss": best.get("eval_loss"),
         "initial_eval_loss": finite(initial["eval_loss"]) if initial else None, "history": history,
         "train_seconds": round(train_seconds, 2)}
