@@ -405,8 +405,11 @@ def test_training_on_shared_prefixes_gives_the_full_forward_loss_and_gradients(t
     try:
         for shared in (True, False):
             model.zero_grad()
-            logits = (scoring.logits_sharing_prefixes(model, input_ids, attention_mask, groups.tolist(),
-                                                      tokenizer.pad_token_id) if shared else model(input_ids=input_ids, attention_mask=attention_mask).logits)
+            if shared:
+                logits = scoring.logits_sharing_prefixes(model, input_ids, attention_mask, groups.tolist(),
+                                                         tokenizer.pad_token_id)
+            else:
+                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
             loss = prm.prm_loss(logits.squeeze(-1).float(), labels, groups, "bce", 1.0)
             loss.backward()
             results.append((loss.item(), [None if p.grad is None else p.grad.clone() for p in trainable]))

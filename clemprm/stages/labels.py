@@ -40,10 +40,11 @@ Soft labels
 Sharding and resumption
     Shard s of S takes the prefixes s, s+S, s+2S, ... with all their siblings (one replay of a state serves them
     all, and their continuations share the prefix in the generator's batches). Every random choice derives from
-    the branch point's own seed, never from the shard or the batch, so the gathered labels do not depend on S. A shard labels its
-    branch points in chunks of ``labels.checkpoint_every`` (whole states) and appends each finished chunk to a checkpoint folder
-    beside its output; a shard that is killed and rerun skips what its checkpoint holds (the checkpoint is
-    discarded when the settings or the branch points changed; an unreadable part alone, with a warning).
+    the branch point's own seed, never from the shard or the batch, so the gathered labels do not depend on S. A
+    shard labels its branch points in chunks of about ``labels.checkpoint_every`` (whole states) and appends each
+    finished chunk to a checkpoint folder beside its output; a shard that is killed and rerun skips what its
+    checkpoint holds (the checkpoint is discarded when the settings or the branch points changed; an unreadable part
+    alone, with a warning).
 """
 
 from __future__ import annotations

@@ -239,8 +239,12 @@ def shares_prefixes(model, by_state: bool) -> bool:
     """Whether training computes a state's perspective once for its siblings: with the siblings in one micro-batch
     (``by_state``), a model whose cache allows it, in one process (DistributedDataParallel takes one forward per
     backward; the shared forward makes two)."""
-    problem = prefix_sharing_problem(model) if by_state else "no sibling groups"
-    problem = problem or (f"{distributed.world_size()} processes" if distributed.world_size() > 1 else None)
+    if not by_state:
+        problem = "no sibling groups"
+    elif distributed.world_size() > 1:
+        problem = f"{distributed.world_size()} processes"
+    else:
+        problem = prefix_sharing_problem(model)
     log.info("prm training: %s", f"each pair in full ({problem})" if problem
              else "a state's siblings compute their shared prefix once")
     return problem is None
