@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import logging.config
 import math
-import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,20 +16,14 @@ import pytest
 from clemprm.games import BUILTIN_GAMES, SPLITS, builtin_game_dir, generate_all_instances, instance_generator
 from clemprm.games import common
 from clemprm.games.common import get_parse_mode, mentions_word, parse_free_text, parse_integer, parse_option
+from clemprm.play.clemcore_setup import import_clemcore
 
 WORD_GAMES = tuple(game for game in BUILTIN_GAMES if game != "hanabi")  # hanabi's own tests: tests/test_hanabi.py
 
 
 def _import_clemcore():
-    """clemcore without its logging side effects (dictConfig + ./clembench.log)."""
-    if "clemcore.clemgame" not in sys.modules:
-        original = logging.config.dictConfig
-        logging.config.dictConfig = lambda config: None
-        try:
-            import clemcore.clemgame  # noqa: F401
-            import clemcore.clemgame.envs.pettingzoo.master  # noqa: F401
-        finally:
-            logging.config.dictConfig = original
+    """clemcore as the engine imports it (without its logging side effects: dictConfig + ./clembench.log)."""
+    import_clemcore()
     import clemcore.clemgame as clemgame
     from clemcore.backends import CustomResponseModel
     from clemcore.clemgame.envs.pettingzoo.master import GameMasterEnv

@@ -4,6 +4,9 @@
 set-up and creates ``./clembench.log`` in whatever directory the pipeline runs in. We import it with
 ``dictConfig`` disabled, so clemcore's loggers propagate to ours like any library's. Only clemcore's package
 ``__init__`` does this, so once :func:`import_clemcore_backends` ran, its other modules import safely.
+Its game side imports openenv (clemcore's OpenEnv server and client), which loads its web interface only where gradio
+is installed; clemprm never serves a game, so :func:`import_clemcore` imports it as if gradio were not there (gradio
+took 4.2 of the 6.6 s that the game side took to import, once in every job).
 
 clembench (the real games, main as of 2025-09) against the pinned clemcore 3.7.2, what differs and what is done:
 
@@ -35,6 +38,7 @@ clembench (the real games, main as of 2025-09) against the pinned clemcore 3.7.2
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import logging.config
@@ -55,12 +59,13 @@ def import_clemcore_backends() -> None:
     logging.getLogger("clemcore").setLevel(logging.WARNING)
 
 
+@functools.cache
 def import_clemcore() -> None:
-    """Also import the game side (``clemcore.clemgame``: slow, it pulls in openenv)."""
-    if "clemcore.clemgame.envs.pettingzoo.master" in sys.modules:
-        return
+    """Also import the game side (``clemcore.clemgame``: slow, it pulls in openenv), and adapt it once per process
+    (also where some other code imported clemcore's game side first)."""
     import_clemcore_backends()
-    import clemcore.clemgame.envs.pettingzoo.master  # noqa: F401
+    with without_gradio():
+        import clemcore.clemgame.envs.pettingzoo.master  # noqa: F401
     import clemcore.clemgame.recorder as recorder
 
     import clemcore.clemgame.legacy.master  # noqa: F401  (loaded once here, never as a game's own module)
@@ -72,6 +77,22 @@ def import_clemcore() -> None:
     # Every interactions recorder asks importlib.metadata for clemcore's version (parsing its METADATA file,
     # ~1.4 ms): a tenth of an episode's cost in the engine on small models. The answer never changes.
     recorder.get_version = functools.lru_cache(maxsize=1)(recorder.get_version)
+
+
+@contextlib.contextmanager
+def without_gradio():
+    """Imports in this block find no gradio (``import gradio`` raises ModuleNotFoundError), as where it is not
+    installed: openenv's ``env_server`` then leaves its optional web interface out (``create_web_interface_app`` is
+    None). Outside the block gradio imports as usual."""
+    if "gradio" in sys.modules:
+        yield
+        return
+    sys.modules["gradio"] = None
+    try:
+        yield
+    finally:
+        if sys.modules.get("gradio", 0) is None:
+            del sys.modules["gradio"]
 
 
 def tolerate_plain_game_states() -> None:
