@@ -1,11 +1,12 @@
 """The tiny pipeline through `snakemake --profile slurm` on a real single-node SLURM cluster.
 
 The profile is profiles/slurm with only the cluster-specific values swapped (tests/slurm/profiles.py), installed
-by scripts/install_profile.sh and named exactly as users type it. The SLURM run makes the PRM and one search's eval
-(SLURM_TARGETS: every kind of job, a GPU rule in two processes, a sharded rule, training, a CPU rule; the session's
-one full run of the DAG is the local one, tests/conftest.py's completed_run, and every rule's SLURM resources are
-checked by tests/slurm/test_profile.py). Checks: every job of those targets ran as a SLURM job, the GPU rules asked
-SLURM for a GPU (sbatch line and scontrol), the records equal those of the local run of the same config, a failing
+by scripts/install_profile.sh and named exactly as users type it. The SLURM run makes the soft labels, the PRM and one
+search's eval again on a copy of the session's one full run of the DAG (the local one, tests/conftest.py's
+completed_run): every kind of job, a sharded GPU rule, a CPU rule, training and a GPU rule in two processes (what comes
+before them is the local run's; every rule's SLURM resources are checked by tests/slurm/test_profile.py). Checks:
+every job of those targets ran as a SLURM job, the GPU rules asked SLURM for a GPU (sbatch line and scontrol), the
+records equal those of the local run of the same config, a failing
 job is reported as failed (bounded by `timeout -k`, never a hang), and with `slurm-requeue` a label shard requeued
 mid-way is waited for and resumes from its checkpoint to the records of an uninterrupted run.
 
@@ -39,14 +40,19 @@ RUN_LIMIT_S = 900
 # the session's local run and the SLURM run are this module's set-up: more than pytest's default 900 s on a loaded
 # machine (each snakemake run is bounded by RUN_LIMIT_S)
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2 * RUN_LIMIT_S + 600)]
-# what the SLURM run makes: the PRM (base rollouts in 2 processes, win filter, SFT, branch points, the label shards
-# and their gathering) and best_of_n's eval (the SFT policy searching with the PRM)
+# what the SLURM run makes again on a copy of the local run: the label shards and their gathering, the PRM and
+# best_of_n's eval (the SFT policy searching with the PRM, in 2 processes). One output of each of those jobs is removed
+# (Snakemake removes a job's other outputs before it runs); the jobs before them are up to date.
 SLURM_TARGETS = ("results/prm/metrics.json", "results/eval/best_of_n.parquet")
+SLURM_RULES = {"soft_labels": 2, "gather_soft_labels": 1, "prm_adapter": 1, "eval_mode": 1}
+SLURM_REMOVED = ("results/labels/shards/0-of-2.parquet", "results/labels/shards/1-of-2.parquet",
+                 "results/labels/soft_labels.parquet", *SLURM_TARGETS)
 JOB = re.compile(r"^(?:local)?rule (\w+):", flags=re.MULTILINE)   # a job's block in a dry run
 SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
 SBATCH = re.compile(r"sbatch call: (sbatch .*)")
 FINISHED = re.compile(r"Finished jobid: \d+ \(Rule: (\w+)\)")
-NOT_RECORDS = ("logs", "benchmarks")  # per-run files: timings, host names
+# snakemake, its SLURM status checks at most a few seconds apart (tests/slurm/snakemake_polling.py says why)
+SNAKEMAKE = [sys.executable, str(Path(__file__).with_name("snakemake_polling.py"))]
 
 
 def _artifacts() -> Path | None:
@@ -58,9 +64,8 @@ def _artifacts() -> Path | None:
 
 
 def _snakemake(workdir: Path, *args: str, env: dict, limit_s: int = RUN_LIMIT_S):
-    command = ["timeout", "-k", "20", str(limit_s), sys.executable, "-m", "snakemake",
-               "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-               "--configfile", str(workdir / "tiny.yaml"), *args]
+    command = ["timeout", "-k", "20", str(limit_s), *SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"),
+               "--directory", str(workdir), "--configfile", str(workdir / "tiny.yaml"), *args]
     start = time.monotonic()
     result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - start
@@ -99,9 +104,9 @@ def _submissions(output: str) -> list[dict]:
 def slurm_profile(slurm_cluster, tmp_path_factory):
     """The derived test profile, installed as `slurm` in a private XDG config folder; the env to use it."""
     root = tmp_path_factory.mktemp("profile")
-    # base_rollouts in 2 processes (torchrun inside its one job, gloo on this CPU): what a 2-GPU entry would ask for
+    # eval_mode in 2 processes (torchrun inside its one job, gloo on this CPU): what a 2-GPU entry would ask for
     profile = load_profile()
-    profile["set-resources"]["base_rollouts"] = {**profile["set-resources"]["base_rollouts"], "processes": 2}
+    profile["set-resources"]["eval_mode"] = {**profile["set-resources"]["eval_mode"], "processes": 2}
     derive_test_profile(root / "slurm-test", partition=slurm_cluster.partition, profile=profile)
     env = {**slurm_cluster.env, "XDG_CONFIG_HOME": str(root / "xdg"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
@@ -113,14 +118,20 @@ def slurm_profile(slurm_cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, slurm_profile, tmp_path_factory, completed_run):
-    """The same tiny config run locally (-c2: the session's completed run, shared with tests/test_workflow.py) and
-    on SLURM (`--profile slurm`)."""
+    """The same tiny config run locally (-c2: the session's completed run, shared with tests/test_workflow.py) and,
+    from its win-filtered SFT policy and branch points on, on SLURM (`--profile slurm`)."""
     root = tmp_path_factory.mktemp("runs")
     local, local_output, local_s = completed_run.workdir, completed_run.output, completed_run.seconds
 
-    slurm = _workdir(root / "slurm", root / "cache-slurm")
+    slurm = copy_of_run(completed_run, root / "slurm")
+    config = yaml.safe_load((slurm / "tiny.yaml").read_text())
+    config["cache_dir"] = str(root / "cache-slurm")   # not a rerun trigger: the jobs build the tiny model there
+    (slurm / "tiny.yaml").write_text(yaml.safe_dump(config))
+    for path in SLURM_REMOVED:
+        (slurm / path).unlink()
     code, dry_run, _ = _snakemake(slurm, "-n", "--cores", "1", *SLURM_TARGETS, env=slurm_profile)
     assert code == 0, dry_run[-6000:]
+    assert collections.Counter(JOB.findall(dry_run)) == SLURM_RULES, dry_run[-6000:]
     code, output, slurm_s = _snakemake(slurm, "--profile", "slurm", *SLURM_TARGETS, env=slurm_profile)
     assert code == 0, output[-8000:] + "\n" + slurm_cluster.logs()
     submissions = _submissions(output)
@@ -135,14 +146,13 @@ def runs(slurm_cluster, slurm_profile, tmp_path_factory, completed_run):
     for s in submissions:
         print(f"[slurm] {s['rule']}: {s['sbatch'] or '(no sbatch line)'}")
     return {"local": local, "local_output": local_output, "slurm": slurm, "output": output,
-            "planned": collections.Counter(JOB.findall(dry_run)), "submissions": submissions,
-            "cache": root / "cache-slurm"}
+            "planned": collections.Counter(JOB.findall(dry_run)), "remade": workflow_test.planned_outputs(dry_run),
+            "submissions": submissions, "cache": root / "cache-slurm"}
 
 
 def test_every_job_ran_as_a_slurm_job(runs, slurm_cluster):
     planned = runs["planned"]
     assert set(FINISHED.findall(runs["output"])) == set(planned)
-    assert {"base_rollouts", "sft_adapter", "soft_labels", "prm_adapter", "eval_mode"} <= set(planned)
     # every planned job once as a SLURM job (a job per label shard); the local run ran each of them too
     submitted = collections.Counter(s["rule"] for s in runs["submissions"])
     assert submitted == planned
@@ -160,7 +170,8 @@ def test_every_job_ran_as_a_slurm_job(runs, slurm_cluster):
 def test_gpu_rules_request_a_gpu_and_cpu_rules_do_not(runs, slurm_cluster):
     wanted = gpu_rules(load_profile())
     submitted = {s["rule"] for s in runs["submissions"]}
-    assert {"base_rollouts"} <= wanted & submitted
+    assert {"soft_labels", "prm_adapter", "eval_mode"} <= wanted & submitted
+    assert "gather_soft_labels" in submitted - wanted
     for s in runs["submissions"]:
         line = s["sbatch"]
         info = slurm_cluster.job_info(s["slurm_id"])
@@ -174,26 +185,43 @@ def test_gpu_rules_request_a_gpu_and_cpu_rules_do_not(runs, slurm_cluster):
         assert f"-p {slurm_cluster.partition}" in line
 
 
-def _normalized_rows(path: Path) -> str:
-    # JSON text: NaN (bench_score of aborted episodes) compares equal to NaN
-    return json.dumps(pq.read_table(path).to_pylist(), sort_keys=True, default=str)
+def _first_difference(a, b, where: str = "") -> str | None:
+    """Where two records differ, or None. Floats agree to 1e-5 relative (NaN equals NaN): the eval job scores in two
+    processes, and a batch of another size rounds a PRM score differently in the last float32 bit."""
+    if isinstance(a, float) and isinstance(b, float):
+        return None if (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) \
+            else f"{where}: {a!r} != {b!r}"
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return f"{where}: keys {sorted(a)} != {sorted(b)}"
+        return next(filter(None, (_first_difference(a[k], b[k], f"{where}.{k}") for k in a)), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{where}: {len(a)} != {len(b)} items"
+        return next(filter(None, (_first_difference(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))),
+                    None)
+    return None if a == b else f"{where}: {a!r} != {b!r}"
 
 
-def _record_files(results: Path) -> set[str]:
-    return {str(p.relative_to(results)) for p in results.rglob("*")
-            if p.is_file() and p.relative_to(results).parts[0] not in NOT_RECORDS}
+def _remade_files(workdir: Path, outputs: set[str]) -> set[str]:
+    """The files of the jobs' outputs (a folder's files), relative to results/."""
+    files = {path for output in outputs for path in [workdir / output, *(workdir / output).rglob("*")]
+             if path.is_file()}
+    return {str(path.relative_to(workdir / "results")) for path in files}
 
 
 def test_records_equal_those_of_a_local_run(runs):
     local, slurm = runs["local"] / "results", runs["slurm"] / "results"
-    files = _record_files(slurm)
-    assert files <= _record_files(local)
+    files = _remade_files(runs["slurm"], runs["remade"])
+    assert files <= {str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()}
     parquets = sorted(f for f in files if f.endswith(".parquet"))
-    assert {"rollouts/base_train.parquet", "labels/soft_labels.parquet", "eval/best_of_n.parquet"} <= set(parquets)
+    assert {"labels/shards/0-of-2.parquet", "labels/soft_labels.parquet", "eval/best_of_n.parquet"} <= set(parquets)
+    for name in parquets:   # the job rewrote it (here since the SLURM run began)
+        assert (slurm / name).stat().st_mtime > (local / name).stat().st_mtime, name
     for name in parquets:
         a, b = pq.read_table(local / name), pq.read_table(slurm / name)
         assert a.schema.remove_metadata() == b.schema.remove_metadata(), name
-        assert a.num_rows == b.num_rows and _normalized_rows(local / name) == _normalized_rows(slurm / name), name
+        assert _first_difference(a.to_pylist(), b.to_pylist(), name) is None
     for name in sorted(f for f in files if f.endswith(".safetensors")):  # adapters: same training, same weights
         from safetensors.numpy import load_file
         a, b = load_file(local / name), load_file(slurm / name)
@@ -204,13 +232,13 @@ def test_records_equal_those_of_a_local_run(runs):
 
 
 def test_a_rule_given_two_processes_runs_them_in_its_one_job(runs):
-    """base_rollouts with `processes: 2` in the profile: one SLURM job whose rule log shows both ranks; its records
+    """eval_mode with `processes: 2` in the profile: one SLURM job whose rule log shows both ranks; its records
     equal the local one-process run's (test_records_equal_those_of_a_local_run)."""
-    assert [s["rule"] for s in runs["submissions"]].count("base_rollouts") == 1
-    log = (runs["slurm"] / "results/logs/base_rollouts.log").read_text()
+    assert [s["rule"] for s in runs["submissions"]].count("eval_mode") == 1
+    log = (runs["slurm"] / "results/logs/eval/best_of_n.log").read_text()
     assert "starting 2 processes" in log
-    assert "rank 0/2 INFO clemprm.stages.rollouts: base rollouts:" in log
-    assert "rank 1/2 INFO clemprm.stages.rollouts: base rollouts:" in log
+    assert "rank 0/2 INFO clemprm.evaluation.evaluate: eval best_of_n:" in log
+    assert "rank 1/2 INFO clemprm.evaluation.evaluate: eval best_of_n:" in log
 
 
 def test_jobs_use_the_configured_model_cache_not_results(runs):
@@ -272,9 +300,9 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
     assert "Params have changed since last execution" in dry_run, dry_run[-6000:]
     (work / target).unlink()   # the earlier labels' shard: what exists from here on is this run's
     known = {job for job, _ in slurm_cluster.jobs()}
-    command = ["timeout", "-k", "20", str(RUN_LIMIT_S), sys.executable, "-m", "snakemake", "--snakefile",
-               str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(work / "tiny.yaml"),
-               "--profile", "slurm", "--slurm-requeue", target]
+    command = ["timeout", "-k", "20", str(RUN_LIMIT_S), *SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"),
+               "--directory", str(work), "--configfile", str(work / "tiny.yaml"), "--profile", "slurm",
+               "--slurm-requeue", target]
     log = open(tmp_path / "requeue.out", "w+")
     proc = subprocess.Popen(command, cwd=work, env=slurm_profile, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -317,8 +345,8 @@ def test_a_requeued_label_shard_resumes_from_its_checkpoint(slurm_cluster, slurm
     assert resumed and int(resumed[-1]) >= 1, resumed
     assert not checkpoint.exists()
 
-    resumed_rows = _normalized_rows(work / target)
+    resumed_rows = pq.read_table(work / target).to_pylist()
     code, output, _ = _snakemake(work, "--cores", "2", "--forcerun", target, "--", target,
                                  env=local_env)  # the same shard, uninterrupted
     assert code == 0, output[-6000:]
-    assert _normalized_rows(work / target) == resumed_rows
+    assert _first_difference(pq.read_table(work / target).to_pylist(), resumed_rows, target) is None
