@@ -2,11 +2,12 @@
 # Run: snakemake -c2 (local, embedded default) | snakemake --profile slurm (cluster; see docs/slurm.md)
 import os
 
+from snakemake.logging import logger
 from snakemake.utils import min_version
 
-from clemprm.checks.parse_time import check_config_inputs
-from clemprm.config import base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections, validate_config
+from clemprm.config import base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections
 from clemprm.stages.merge import merge_params
+from clemprm.workflow import check_config
 
 min_version("9.0")
 
@@ -14,9 +15,12 @@ min_version("9.0")
 configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
-validate_config(config)  # fails at parse time with the dotted name of a bad key
-if workflow.is_main_process:  # not again in every job
-    check_config_inputs(config)  # the model spec, the clembench checkout, its games, their packages and NLTK data
+# fails at parse time naming the config file or the dotted key: each config file (a key set twice), the schema, and
+# in the main process only (not again in every job) the model spec, the model cache, the clembench checkout, its games,
+# their packages and NLTK data, the instance list and the input files: the checks of `clemprm check-config`
+for warning in check_config(config, workflow.configfiles, workflow.config_settings.config,
+                            inputs=workflow.is_main_process):
+    logger.warning(f"WARNING: {warning}")
 
 
 report: "report/workflow.rst"

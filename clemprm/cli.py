@@ -27,16 +27,17 @@ def inspect_command(args: argparse.Namespace) -> int:
 def check_config_command(args: argparse.Namespace) -> int:
     """What ``snakemake --configfile FILE...`` would check at parse time, with errors that name the file: Snakemake
     reads its ``--configfile``s before the Snakefile runs, and says only ``Config file is not valid JSON or YAML``."""
-    from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
-    from clemprm.config import ConfigError, load_config
+    from clemprm.checks.parse_time import ConfigInputError
+    from clemprm.config import ConfigError, merge_config_files
+    from clemprm.workflow import check_config
 
     try:
-        config = load_config(args.files)
-        if not args.schema_only:
-            check_config_inputs(config)
+        warnings = check_config(merge_config_files(args.files), args.files, inputs=not args.schema_only)
     except (ConfigError, ConfigInputError) as error:
         print(f"clemprm check-config: {error}", file=sys.stderr)
         return 2
+    for warning in warnings:
+        print(f"clemprm check-config: WARNING: {warning}", file=sys.stderr)
     print(f"clemprm check-config: {', '.join(args.files) or 'the default config'}: ok")
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 from pathlib import Path
@@ -84,15 +85,25 @@ def _strict_integer(checker, instance) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+def _finite_number(checker, instance) -> bool:
+    """JSON Schema's "number" without NaN and infinity: ``minimum`` and ``maximum`` never fail on NaN, and ``.inf``
+    passes ``exclusiveMinimum: 0`` (a NaN temperature ran every label continuation to its token limit)."""
+    return (isinstance(instance, (int, float)) and not isinstance(instance, bool)
+            and (not isinstance(instance, float) or math.isfinite(instance)))
+
+
 ConfigValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _strict_integer))
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _strict_integer, "number": _finite_number}))
 """The config's validator: Draft 2020-12, except that an integer key rejects ``4.0`` (JSON Schema counts it as an
-integer; the stages then fail with a bare ``TypeError`` in ``range``)."""
+integer; the stages then fail with a bare ``TypeError`` in ``range``) and a number key NaN and infinity."""
 
 
-def validate_config(config: dict) -> dict:
-    """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged."""
+def validate_config(config: dict, command_line: dict | None = None) -> dict:
+    """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged.
+    ``command_line``: the values of ``snakemake --config`` (a nested one there arrives as text:
+    :func:`command_line_hint`)."""
     renamed = renamed_key_problem(config)
     if renamed:
         raise ConfigError(renamed)
@@ -109,11 +120,29 @@ def validate_config(config: dict) -> dict:
             key = ".".join(filter(None, [key if first.absolute_path else "", extra[0]]))
             raise ConfigError(f"config key '{key}': unknown key (allowed: "
                               f"{', '.join(sorted(first.schema.get('properties', {})))})")
-        raise ConfigError(f"config key '{key}': {error_message(first)}")
+        raise ConfigError(f"config key '{key}': {error_message(first)}"
+                          f"{command_line_hint(command_line, list(first.absolute_path), first.instance)}")
     cross = cross_key_problem(config)
     if cross:
         raise ConfigError(cross)
     return config
+
+
+def command_line_hint(command_line: dict | None, path: list, value) -> str:
+    """Where a rejected value is a nested one that ``snakemake --config`` gave (``labels={k: 8}``), the advice to use
+    a config file: Snakemake reads only a top-level ``--config`` value as a number or a boolean; nested values stay
+    text (``'8'``), which no number key takes. Else ''."""
+    if not command_line or len(path) < 2 or not isinstance(value, str):
+        return ""
+    given = command_line
+    for part in path:
+        if not isinstance(given, dict) or part not in given:
+            return ""
+        given = given[part]
+    if given != value:
+        return ""
+    return (f" (snakemake --config passes a nested value as text: set {'.'.join(map(str, path))} in a config file "
+            f"and pass it with --configfile)")
 
 
 def error_message(error: jsonschema.ValidationError) -> str:
@@ -121,7 +150,9 @@ def error_message(error: jsonschema.ValidationError) -> str:
     alternative's (``8 is less than the minimum of 16, or 'auto' was expected``), not jsonschema's "not valid under
     any of the given schemas"."""
     if error.validator in ("oneOf", "anyOf") and error.context:
-        return ", or ".join(alternative.message for alternative in error.context)
+        return ", or ".join(error_message(alternative) for alternative in error.context)
+    if error.validator == "type" and isinstance(error.instance, float) and not math.isfinite(error.instance):
+        return f"{error.instance} is not a finite number (NaN and infinity are refused: give a number)"
     return error.message
 
 
@@ -173,30 +204,55 @@ def deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """The same key twice in one mapping of a YAML file (PyYAML, and so Snakemake, keeps the last silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice, naming the key and where it repeats."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:   # an unhashable key: the base class says so
+                break
+            if first is not key_node:
+                raise DuplicateKeyError(None, None, f"key {key!r} is set twice (first at line "
+                                                    f"{first.start_mark.line + 1}; YAML would keep the last silently)",
+                                        key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict:
     """One config file as a dict; :class:`ConfigError` naming the file (and where YAML stopped) when it is missing,
-    not valid YAML, or not a mapping at its top level."""
+    not valid YAML, holds a key twice in one mapping, or is not a mapping at its top level."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"config file {path}: cannot read it ({error.strerror or error})") from error
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        if isinstance(error, DuplicateKeyError):
+            raise ConfigError(f"config file {path}, line {where.line + 1}: {problem}") from error
         raise ConfigError(f"config file {path}: not valid YAML{at}: {problem}") from error
-    if loaded is None:
-        return {}
+    if loaded is None:   # Snakemake refuses it too ("Config file must be given as JSON or YAML with keys at top level")
+        raise ConfigError(f"config file {path}: it sets no key (it is empty, or only comments): Snakemake refuses such "
+                          f"a file; set a key in it, or leave it out")
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path}: its top level is a {type(loaded).__name__}, not a mapping of keys")
     return loaded
 
 
-def load_config(path: str | Path | list | tuple | None = None, overrides: dict | None = None) -> dict:
-    """Load the default config, merge user config files (one path or several, in order, as Snakemake merges its
-    ``--configfile``s) and overrides on top, validate."""
+def merge_config_files(path: str | Path | list | tuple | None = None, overrides: dict | None = None) -> dict:
+    """The default config with user config files (one path or several, in order, as Snakemake merges its
+    ``--configfile``s) and overrides merged on top; not validated."""
     config = read_config_file(DEFAULT_CONFIG_PATH)
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     for one in paths:
@@ -204,7 +260,12 @@ def load_config(path: str | Path | list | tuple | None = None, overrides: dict |
             config = deep_merge(config, read_config_file(one))
     if overrides:
         config = deep_merge(config, overrides)
-    return validate_config(config)
+    return config
+
+
+def load_config(path: str | Path | list | tuple | None = None, overrides: dict | None = None) -> dict:
+    """:func:`merge_config_files`, validated."""
+    return validate_config(merge_config_files(path, overrides))
 
 
 def sorted_dict(value: Any) -> Any:

@@ -165,12 +165,32 @@ def write_records(path: str | Path, rows: list[dict], schema: pa.Schema, provena
     os.replace(tmp, path)
 
 
+PRODUCING_RULES = (("results/rollouts/", "base_rollouts"), ("results/sft/sft_data.parquet", "win_filter"),
+                   ("results/labels/shards/", "soft_labels"),
+                   ("results/labels/soft_labels.parquet", "gather_soft_labels"), ("results/labels/", "branch_points"),
+                   ("results/eval/", "eval_mode"), ("results/states/", "rl_states"))
+"""The rule that writes the record files under each path (the first prefix that matches; rules/*.smk)."""
+
+
+def remake_hint(path: str | Path) -> str:
+    """How to remake a record file of the pipeline that cannot be read: Snakemake remakes a file only when it is
+    older than its inputs (or its params changed), so a corrupt one newer than its inputs stays until forced; '' for
+    a file no rule writes."""
+    text = Path(path).as_posix()
+    rule = next((rule for prefix, rule in PRODUCING_RULES if f"/{prefix}" in f"/{text}"), None)
+    if rule is None:
+        return ""
+    return (f" (rule {rule} writes it; Snakemake remakes it only when it is older than its inputs: "
+            f"snakemake --forcerun {rule} remakes it)")
+
+
 def read_table(path: str | Path, schema: pa.Schema | None = None) -> pa.Table:
-    """Read a parquet record file; a missing, corrupt or mismatching file raises an error naming it."""
+    """Read a parquet record file; a missing, corrupt or mismatching file raises an error naming it (and the rule to
+    force to remake it, :func:`remake_hint`)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as error:
-        raise RecordFileError(f"cannot read record file {path}: {error}") from error
+        raise RecordFileError(f"cannot read record file {path}: {error}{remake_hint(path)}") from error
     if schema is not None:
         missing = [name for name in schema.names if name not in table.schema.names]
         if missing:

@@ -59,3 +59,28 @@ def tracking_run(snakemake) -> TrackingRun:
     rule's params: changing the tracker reruns nothing. Fails here, before a model loads, when the tracker is not
     installed."""
     return TrackingRun(snakemake.config["tracking"]["report_to"], "/".join([snakemake.rule, *snakemake.wildcards]))
+
+
+def check_config(config: dict, config_files=(), command_line: dict | None = None, inputs: bool = True) -> list[str]:
+    """Every check of a config before any job: the one function behind the Snakefile's parse and
+    ``clemprm check-config``, so that they agree. Each config file read on its own (one that is not valid YAML,
+    sets a key twice or sets none: :func:`clemprm.config.read_config_file`; Snakemake read them before and kept the
+    last of two same keys), the schema (``command_line``: the ``--config`` values, :func:`validate_config`), and with
+    ``inputs`` what the config names outside the repository and SCoRe's games (:func:`check_config_inputs`).
+    Raises :class:`clemprm.config.ConfigError` or :class:`clemprm.checks.parse_time.ConfigInputError`; returns the
+    warnings (rows of the instance list that match nothing, under ``on_failure: continue``)."""
+    from clemprm.checks.parse_time import check_config_inputs
+    from clemprm.config import read_config_file, validate_config
+    from clemprm.modes import SELF_CORRECT
+    from clemprm.rl.attempts import single_player_problems
+
+    for path in config_files:
+        read_config_file(path)
+    validate_config(config, command_line)
+    if not inputs:
+        return []
+    try:   # a two-player game in score.games always; an unconfigured one when self_correct is played
+        score_problems = single_player_problems(config, in_use=SELF_CORRECT in config["eval"]["modes"])
+    except ValueError:   # a clembench checkout that cannot be read: check_config_inputs names it
+        score_problems = []
+    return check_config_inputs(config, also=score_problems)

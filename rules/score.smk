@@ -1,11 +1,8 @@
 # Stage 3c: SCoRe two-attempt self-correction RL (clemprm/rl/score.py) of the SFT policy on the single-player games of
 # score.games -> a PEFT adapter folder and per-stage, per-step metrics. Eval mode self_correct (rules/eval.smk) plays
 # both attempts with the SFT and the SCoRe policy; its figure is in `snakemake --report` when the mode is in eval.modes.
-from clemprm.rl.attempts import check_single_player_games
-
+# score.games is checked with the rest of the config when the Snakefile is parsed (clemprm.workflow.check_config)
 SELF_CORRECT_ON = "self_correct" in config["eval"]["modes"]
-# a two-player game in score.games always fails here; an unconfigured one only when SCoRe is part of the run
-check_single_player_games(config, in_use=SELF_CORRECT_ON)
 
 # what rule all adds when self_correct is an eval mode (the summary then also needs the SCoRe adapter)
 SCORE_TARGETS = ["results/report/self_correction.png"] if SELF_CORRECT_ON else []

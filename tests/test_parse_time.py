@@ -6,17 +6,20 @@ cannot download, clemgame.json files without a game_name; config files that are 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
-from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
+from clemprm.checks.parse_time import ConfigInputError, check_config_inputs, install_hint
 from clemprm.cli import main
 from clemprm.config import (ConfigError, _schema, hub_offline_reason, job_environment, load_config, validate_config)
 
@@ -237,3 +240,229 @@ def test_the_vllm_backend_needs_a_server_or_a_python_to_start_one(tmp_path):
         generation={"backend": "vllm", "vllm": {"python": str(tmp_path / "none")}})
     check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"url": "http://h:8000"}}}))
     check_config_inputs(load_config(overrides={"generation": {"backend": "engine"}}))
+
+
+# ------------------------------------------------------------------------------ NaN and infinity (schema)
+
+
+def number_keys(schema: dict, root: dict, path: tuple = ()):
+    """The dotted path of every key the schema types as a number (through $ref and oneOf/anyOf)."""
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+    types = schema.get("type")
+    if "number" in (types if isinstance(types, list) else [types]):
+        yield path
+    for name, sub in schema.get("properties", {}).items():
+        yield from number_keys(sub, root, path + (name,))
+    for sub in schema.get("oneOf", []) + schema.get("anyOf", []):
+        yield from number_keys(sub, root, path)
+
+
+NUMBER_KEYS = sorted({".".join(path) for path in number_keys(_schema(), _schema())})
+
+
+def test_the_walk_finds_the_number_keys():
+    assert {"labels.temperature", "win_filter.min_bench_score", "sft.lr", "sft.epochs", "eval.ci"} <= set(NUMBER_KEYS)
+
+
+@pytest.mark.parametrize("key", NUMBER_KEYS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+def test_every_number_key_refuses_nan_and_infinity_naming_the_key(key, value):
+    """jsonschema's minimum and maximum never fail on NaN, and .inf passes exclusiveMinimum: 0: a NaN label temperature
+    ran every continuation to its token limit."""
+    config = copy.deepcopy(DEFAULT)
+    *parents, name = key.split(".")
+    section = config
+    for part in parents:
+        if section.get(part) is None:   # rl.lora: null (train the SFT adapter) or a LoRA
+            section[part] = copy.deepcopy(DEFAULT["sft"]["lora"])
+        section = section[part]
+    section[name] = value
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': {value} is not a finite number")):
+        validate_config(config)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"labels": {"temperature": float("nan")}}, "config key 'labels.temperature': nan is not a finite number"),
+    ({"win_filter": {"min_bench_score": float("nan")}},
+     "config key 'win_filter.min_bench_score': nan is not a finite number"),
+    ({"sft": {"epochs": float("inf")}}, "config key 'sft.epochs': inf is not a finite number"),
+    ({"cache_dir": "a_file"}, "cache_dir: the model cache {workdir}/a_file is a file, not a folder"),
+], ids=["temperature", "min_bench_score", "epochs", "cache_dir"])
+def test_snakemake_stops_before_any_job_naming_the_key(tmp_path, config, message):
+    (tmp_path / "a_file").write_text("not a folder")
+    done = snakemake_dry_run(tmp_path, config)
+    assert done.returncode != 0
+    assert message.format(workdir=tmp_path) in done.stdout + done.stderr
+    assert "Job stats" not in done.stdout + done.stderr   # no job was planned
+
+
+# ------------------------------------------------------------------------------------- the model cache
+
+
+def test_a_model_cache_that_is_a_file_or_empty_is_refused_naming_the_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("")
+    assert f"cache_dir: the model cache {tmp_path}/a_file is a file, not a folder" in problems_of(cache_dir="a_file")
+    assert (f"cache_dir: the model cache {tmp_path}/a_file/models cannot be created: {tmp_path}/a_file is a file, "
+            f"not a folder") in problems_of(cache_dir="a_file/models")
+    assert "cache_dir: '' names no folder: give a folder for the model cache, or null" in problems_of(cache_dir="")
+    check_config_inputs(load_config(overrides={"cache_dir": "new/cache"}))   # created by the first job
+
+
+WRITABLE_PROBE = """
+import os
+import sys
+from pathlib import Path
+from clemprm.checks.parse_time import writable_folder_problem
+if os.geteuid() == 0:   # root writes into any folder: check as nobody, as a user's account sees it
+    os.setgid(65534)
+    os.setuid(65534)
+for folder in sys.argv[1:]:
+    print(writable_folder_problem(Path(folder)))
+"""
+
+
+def test_a_read_only_model_cache_is_refused(tmp_path):
+    """As another account than root (root writes into any folder; the check then runs as nobody): a read-only folder,
+    or a missing one whose parent is read-only, is refused; a writable one passes."""
+    base = Path(tempfile.mkdtemp(dir="/tmp"))   # where nobody may look (tmp_path's parent is root's alone)
+    try:
+        base.chmod(0o755)
+        (base / "ro").mkdir(mode=0o555)
+        (base / "rw").mkdir(mode=0o777)
+        (base / "ro").chmod(0o555)
+        (base / "rw").chmod(0o777)
+        folders = [str(base / "ro"), str(base / "ro" / "cache"), str(base / "rw"), str(base / "rw" / "cache")]
+        done = subprocess.run([sys.executable, "-c", WRITABLE_PROBE, *folders], capture_output=True, text=True,
+                              cwd="/", timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "is not writable by this account (choose a folder the jobs can write into)",
+            f"cannot be created: {base / 'ro'} is not writable by this account (choose a folder the jobs can write "
+            f"into)", "None", "None"]
+    finally:
+        shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------------------------- game files as Python
+
+
+def checkout_with_code(root: Path, masters: dict[str, bytes]) -> Path:
+    """A clembench checkout of one-player games whose master.py holds the given bytes."""
+    fake_checkout(root, {name: [{"game_name": name, "players": 1}] for name in masters})
+    for name, code in masters.items():
+        (root / name / "master.py").write_bytes(code)
+    return root
+
+
+def test_game_files_are_read_as_python_reads_them_and_every_problem_is_listed(tmp_path, capsys):
+    """A master.py with a byte-order mark, or in latin-1 with a coding line, is valid Python; one with a syntax error
+    is a problem among the others, not a traceback of check-config."""
+    checkout = checkout_with_code(tmp_path / "cb", {
+        "bom": b"\xef\xbb\xbfimport json\n",
+        "latin": "# -*- coding: latin-1 -*-\nNAME = 'caf\xe9'\nimport json\n".encode("latin-1"),
+        "broken": b"import json\ndef play(:\n",
+        "undeclared": "NAME = 'caf\xe9'\n".encode("latin-1")})
+    good = {"clembench_path": str(checkout), "clembench_games": ["bom", "latin"]}
+    check_config_inputs(load_config(overrides={"games": good}))
+    (tmp_path / "games.yaml").write_text(yaml.safe_dump({"games": {
+        "clembench_path": str(checkout), "clembench_games": ["bom", "latin", "broken", "undeclared"],
+        "parse_mode_overrides": {"chess": "strict"}}}))
+    assert main(["check-config", str(tmp_path / "games.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"game 'broken': cannot read its code: {checkout}/broken/master.py, line 2: invalid syntax" in err
+    assert (f"game 'undeclared': cannot read its code: {checkout}/undeclared/master.py, line 1: invalid or missing "
+            f"encoding declaration (Python reads a file in the coding of its coding line, else in UTF-8)") in err
+    assert "games.parse_mode_overrides names 'chess', which is not a game this run plays" in err   # listed too
+    assert "'bom'" not in err and "'latin'" not in err
+
+
+def test_a_missing_package_is_named_with_what_installs_it(tmp_path):
+    """clingo (adventuregame) is not in clemprm's clembench extra: the hint names the package, not the extra."""
+    checkout = checkout_with_code(tmp_path / "cb", {"logic": b"import clingo\n"})
+    assert ("game 'logic' imports clingo, not installed here (pip install clingo (not in clemprm's clembench extra))"
+            in problems_of(games={"clembench_path": str(checkout), "clembench_games": ["logic"]}))
+    assert install_hint(["clingo", "lark", "sklearn"]) == ('pip install -e ".[clembench]" installs lark; pip install '
+                                                           "clingo scikit-learn (not in clemprm's clembench extra)")
+
+
+# ----------------------------------------------------------------------- rows and keys that match nothing
+
+
+def test_instance_list_rows_that_match_nothing_are_listed(tmp_path, monkeypatch):
+    """An unknown task_id, a misspelled game, a split that does not exist or that the game does not hold the instance
+    in: an error listing the first few and the count; a warning with the same list under on_failure: continue."""
+    monkeypatch.chdir(tmp_path)
+    rows = ["guessnumber,range10,0,train", "guessnumber,range10,99,train", "guesnumber,range10,0,train",
+            "guessnumber,range10,1,dev", "guessnumber,range10,2,Validation", "guessnumber,range10,3,test",
+            "guessnumber,range10,0,validation"]
+    (tmp_path / "list.csv").write_text("game,experiment,task_id,split\n" + "\n".join(rows) + "\n")
+    message = problems_of(games={"instance_list": "list.csv"})
+    assert ("games.instance_list: 6 of 7 rows of list.csv match no instance of a played game "
+            "(game/experiment/task_id/split): guesnumber/range10/0/train; guessnumber/range10/0/validation; "
+            "guessnumber/range10/1/dev; guessnumber/range10/2/Validation; guessnumber/range10/3/test and 1 more "
+            "(splits: train, validation, test; games: guessnumber, wordref, oddoneout)") in message
+    warnings = check_config_inputs(load_config(overrides={"games": {"instance_list": "list.csv"},
+                                                          "on_failure": "continue"}))
+    assert warnings == [message.split("\n  - ")[1]]
+    (tmp_path / "good.csv").write_text("game,experiment,task_id,split\n" + rows[0] + "\n")
+    assert check_config_inputs(load_config(overrides={"games": {"instance_list": "good.csv"}})) == []
+
+
+def test_keys_naming_games_that_are_not_played_are_refused(tmp_path):
+    message = problems_of(games={"parse_mode_overrides": {"hanabi": "strict"}, "instances_files": {"taboo": "v2"},
+                                 "clembench_path": str(tmp_path / "nowhere")})
+    assert "games.parse_mode_overrides names 'hanabi', which is not a game this run plays (games.builtin: " in message
+    assert "games.instances_files names 'taboo', which is not a game this run plays" in message
+    assert (f"games.clembench_path: {tmp_path}/nowhere is not a directory (a clembench checkout; null when no "
+            f"clembench game is played)") in message
+
+
+def test_a_key_set_twice_in_a_config_file_is_refused_naming_key_and_file(tmp_path, capsys):
+    (tmp_path / "twice.yaml").write_text("labels:\n  k: 4\n  temperature: 1.0\n  k: 8\n")
+    assert main(["check-config", str(tmp_path / "twice.yaml")]) == 2
+    assert (f"config file {tmp_path}/twice.yaml, line 4: key 'k' is set twice (first at line 2; YAML would keep the "
+            f"last silently)") in capsys.readouterr().err
+    (tmp_path / "sections.yaml").write_text("labels: {k: 4}\nsft: {lr: 1.0e-4}\nlabels: {k: 8}\n")
+    with pytest.raises(ConfigError, match="line 3: key 'labels' is set twice"):
+        load_config(str(tmp_path / "sections.yaml"))
+
+
+def test_a_nested_command_line_value_suggests_a_config_file():
+    """snakemake --config 'labels={k: 8}' passes k as the text '8'."""
+    config = copy.deepcopy(DEFAULT)
+    config["labels"]["k"] = "8"
+    with pytest.raises(ConfigError, match=re.escape(
+            "config key 'labels.k': '8' is not of type 'integer' (snakemake --config passes a nested value as text: "
+            "set labels.k in a config file and pass it with --configfile)")):
+        validate_config(config, {"labels": {"k": "8"}})
+    with pytest.raises(ConfigError, match=r"not of type 'integer'$"):   # not from the command line: no such advice
+        validate_config(config)
+
+
+# -------------------------------------------------------------------- check-config and Snakemake agree
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# nothing but a comment\n", "config file {path}: it sets no key (it is empty, or only comments)"),
+    ("score:\n  games: [wordref]\n", "config key 'score.games': 'wordref' is not a single-player game"),
+    ("games:\n  instance_list: missing.csv\n", "games.instance_list: missing.csv is not a file"),
+    ("sft:\n  extra_data: missing.jsonl\n", "sft.extra_data: missing.jsonl is not a file"),
+], ids=["empty", "two_player_score_game", "instance_list", "extra_data"])
+def test_check_config_and_snakemake_refuse_the_same_configs(tmp_path, monkeypatch, capsys, text, message):
+    """One check function behind both: what stops the Snakefile at parse time (or Snakemake before it), check-config
+    refuses too, with the same message."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "user.yaml"
+    path.write_text(text)
+    assert main(["check-config", str(path)]) == 2
+    assert message.format(path=path) in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n",
+                           "--cores", "1", "--directory", str(tmp_path), "--configfile", str(path)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert ("Config file must be given as JSON or YAML with keys at top level" in output if text.startswith("#")
+            else message.format(path=path) in output)

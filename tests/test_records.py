@@ -113,3 +113,24 @@ def test_a_real_file_reads_back_with_its_schema(real_files):
 def test_provenance_of_a_missing_file_names_it(tmp_path):
     with pytest.raises(records.RecordFileError, match="nowhere.parquet"):
         records.read_provenance(tmp_path / "nowhere.parquet")
+
+
+@pytest.mark.parametrize("path, rule", [
+    ("results/rollouts/base_train.parquet", "base_rollouts"), ("results/sft/sft_data.parquet", "win_filter"),
+    ("results/labels/branch_points.parquet", "branch_points"), ("results/labels/shards/0-of-2.parquet", "soft_labels"),
+    ("results/labels/soft_labels.parquet", "gather_soft_labels"), ("results/eval/best_of_n.parquet", "eval_mode")])
+def test_a_corrupt_record_file_names_the_rule_to_force(tmp_path, path, rule):
+    """Snakemake remakes a file only when it is older than its inputs: a corrupt one newer than them stays until
+    forced."""
+    bad = tmp_path / path
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"PAR1 not a parquet file")
+    with pytest.raises(records.RecordFileError, match=re.escape(
+            f"cannot read record file {bad}: ") + r".*" + re.escape(
+            f" (rule {rule} writes it; Snakemake remakes it only when it is older than its inputs: snakemake "
+            f"--forcerun {rule} remakes it)")):
+        records.read_table(bad)
+    other = tmp_path / "elsewhere.parquet"
+    other.write_bytes(b"PAR1 not a parquet file")
+    with pytest.raises(records.RecordFileError, match=r"elsewhere.parquet: [^(]*$"):   # no rule writes it: no hint
+        records.read_table(other)

@@ -8,7 +8,7 @@ game code:
   one ``/``, or under an existing local folder) must be such a folder; a hub id where the jobs cannot reach the hub
   (:func:`clemprm.config.hub_offline_reason`) must be in the hub cache; no weights are loaded;
 * ``model.adapter`` is a PEFT adapter folder (``adapter_config.json`` and its weights);
-* ``cache_dir`` (else ``$CLEMPRM_CACHE``) does not lie under ``results/``;
+* ``cache_dir`` (else ``$CLEMPRM_CACHE``) is a folder that can be created and written, not under ``results/``;
 * ``games.experiments`` names configured games and experiments their instances files hold;
 * ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
   (:func:`clemprm.play.catalog.clembench_specs`) with its instances file;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -38,8 +39,19 @@ class ConfigInputError(ValueError):
     """Something the config names (a model, a checkout, a game, its packages or data) is not usable here."""
 
 
-def check_config_inputs(config: dict) -> None:
-    """Raise :class:`ConfigInputError` listing every problem found (see the module doc)."""
+def check_config_inputs(config: dict, also: list[str] = ()) -> list[str]:
+    """Raise :class:`ConfigInputError` listing every problem found (see the module doc), and those of ``also``; return
+    the warnings (:func:`config_input_problems`)."""
+    problems, warnings = config_input_problems(config)
+    problems = [*also, *problems]
+    if problems:
+        raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
+    return warnings
+
+
+def config_input_problems(config: dict) -> tuple[list[str], list[str]]:
+    """``(problems, warnings)`` of what the config names (see the module doc). Rows of ``games.instance_list`` that
+    match no instance are a problem, or a warning under ``on_failure: continue``."""
     from clemprm.config import hub_offline_reason
 
     offline = hub_offline_reason(config)
@@ -50,12 +62,16 @@ def check_config_inputs(config: dict) -> None:
         problems += model_problems(config["prm"]["base_model"], "prm.base_model", offline, hf_home)
     problems += cache_dir_problems(config.get("cache_dir"))
     problems += clembench_problems(config["games"])
+    problems += unplayed_game_problems(config["games"])
     problems += experiment_problems(config["games"])
+    unreadable, unmatched = instance_list_problems(config["games"])
+    warnings = unmatched if config["on_failure"] == "continue" else []
+    problems += unreadable + ([] if warnings else unmatched)
+    problems += input_file_problems(config)
     problems += generation_problems(config.get("generation") or {})
     tracker = tracker_problem(config["tracking"]["report_to"])
     problems += [tracker] if tracker else []
-    if problems:
-        raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
+    return problems, warnings
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -162,14 +178,36 @@ def generation_problems(generation: dict) -> list[str]:
 
 
 def cache_dir_problems(cache_dir: str | None) -> list[str]:
-    """Why the model cache (``cache_dir``, else ``$CLEMPRM_CACHE``) cannot be used: it lies under ``results/``."""
+    """Why the model cache (``cache_dir``, else ``$CLEMPRM_CACHE``) cannot be used: an empty string (not null), under
+    ``results/``, or no folder that can be created and written (:func:`writable_folder_problem`)."""
     from clemprm.models.loader import ModelConfig, cache_root
 
+    key = "cache_dir" if cache_dir is not None else "$CLEMPRM_CACHE (cache_dir is null)"
+    if cache_dir is not None and not cache_dir.strip():
+        return [f"cache_dir: {cache_dir!r} names no folder: give a folder for the model cache, or null for "
+                f"$CLEMPRM_CACHE (else ~/.cache/clemprm)"]
     try:
-        cache_root(ModelConfig(cache_dir=cache_dir))
+        root = cache_root(ModelConfig(cache_dir=cache_dir))
     except ValueError as error:
-        return [f"{'cache_dir' if cache_dir else '$CLEMPRM_CACHE (cache_dir is null)'}: {error}"]
-    return []
+        return [f"{key}: {error}"]
+    problem = writable_folder_problem(root)
+    return [f"{key}: the model cache {root} {problem}"] if problem else []
+
+
+def writable_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a folder a job can create (where missing) and write into, as the end of a sentence
+    (``is a file, not a folder``), or None. It, or else its nearest existing parent, must be a folder this account
+    may write into."""
+    folder = Path(folder)
+    existing = next(path for path in [folder, *folder.parents] if path.exists() or path == path.parent)
+    if existing != folder and not existing.is_dir():
+        return f"cannot be created: {existing} is a file, not a folder"
+    if not existing.is_dir():
+        return "is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is" if existing == folder else f"cannot be created: {existing} is"
+        return f"{where} not writable by this account (choose a folder the jobs can write into)"
+    return None
 
 
 def experiment_problems(games: dict) -> list[str]:
@@ -214,6 +252,108 @@ def experiment_problems(games: dict) -> list[str]:
     return problems
 
 
+def played_games(games: dict) -> list[str]:
+    """The games a run plays: ``games.builtin`` and ``games.clembench_games``."""
+    return list(games["builtin"]) + list(games.get("clembench_games") or [])
+
+
+def unplayed_game_problems(games: dict) -> list[str]:
+    """Keys that name a game the run does not play (``games.parse_mode_overrides``, ``games.instances_files``: a
+    misspelled name would be ignored), and a ``games.clembench_path`` that is no folder (also when no clembench game
+    is played yet)."""
+    played, problems = played_games(games), []
+    for key in ("parse_mode_overrides", "instances_files"):
+        for name in sorted(set(games.get(key) or {}) - set(played)):
+            problems.append(f"games.{key} names {name!r}, which is not a game this run plays (games.builtin: "
+                            f"{', '.join(games['builtin']) or 'none'}; games.clembench_games: "
+                            f"{', '.join(games.get('clembench_games') or []) or 'none'})")
+    path = games.get("clembench_path")
+    if path and not games.get("clembench_games") and not os.path.isdir(os.path.expanduser(path)):
+        problems.append(f"games.clembench_path: {path} is not a directory (a clembench checkout; null when no "
+                        f"clembench game is played)")
+    return problems
+
+
+UNMATCHED_SHOWN = 5
+"""How many unmatched rows of an instance list a message quotes (then the count of all)."""
+
+
+def instance_list_problems(games: dict) -> tuple[list[str], list[str]]:
+    """``(why games.instance_list cannot be read, its rows that match no instance of a played game)``: an unknown
+    game, experiment or task_id, or a split the game does not hold it in; the first :data:`UNMATCHED_SHOWN` of them
+    and their count. The games' instances are read from their instances files (no game code runs)."""
+    from clemprm.games import SPLITS
+    from clemprm.play.catalog import read_instance_list
+
+    path = games.get("instance_list")
+    if not path:
+        return [], []
+    if not os.path.isfile(os.path.expanduser(path)):
+        return [f"games.instance_list: {path} is not a file (relative to {os.getcwd()}; a playpen-data instances "
+                f"table: parquet, csv, jsonl or json)"], []
+    try:
+        rows = read_instance_list(os.path.expanduser(path))
+        known = instance_keys(games)
+    except ValueError as error:
+        return [f"games.instance_list: {error}"], []
+    if known is None:   # a game that cannot be found: clembench_problems names it
+        return [], []
+    unmatched = sorted(row for row in rows if row[:3] not in known.get(row[3], set()))
+    if not unmatched:
+        return [], []
+    shown = "; ".join("/".join(map(str, row)) for row in unmatched[:UNMATCHED_SHOWN])
+    more = f" and {len(unmatched) - UNMATCHED_SHOWN} more" if len(unmatched) > UNMATCHED_SHOWN else ""
+    return [], [f"games.instance_list: {len(unmatched)} of {len(rows)} rows of {path} match no instance of a played "
+                f"game (game/experiment/task_id/split): {shown}{more} (splits: {', '.join(SPLITS)}; games: "
+                f"{', '.join(played_games(games))})"]
+
+
+def instance_keys(games: dict) -> dict[str, set[tuple[str, str, int]]] | None:
+    """Per split, the ``(game, experiment, game_id)`` an instance list may name: a built-in game's from its file of
+    that split, a clembench game's from its instances file in every split (the list assigns them). None when a
+    clembench game or its instances file cannot be found (:func:`clembench_problems` names it)."""
+    from clemprm.games import SPLITS, builtin_game_dir
+    from clemprm.play.catalog import clembench_specs, instances_file
+
+    keys: dict[str, set] = {split: set() for split in SPLITS}
+    for game in games["builtin"]:
+        for split in SPLITS:
+            keys[split] |= file_instance_keys(game, builtin_game_dir(game) / "in" / f"instances_{split}.json")
+    clembench = games.get("clembench_games") or []
+    try:
+        specs = clembench_specs(games["clembench_path"]) if clembench else {}
+        files = {game: instances_file(*specs[game], (games.get("instances_files") or {}).get(game))
+                 for game in clembench}
+    except (ValueError, KeyError, TypeError):   # TypeError: no clembench_path
+        return None
+    for game, path in files.items():
+        found = file_instance_keys(game, path)
+        for split in SPLITS:
+            keys[split] |= found
+    return keys
+
+
+def file_instance_keys(game: str, path: Path) -> set[tuple[str, str, int]]:
+    """The ``(game, experiment, game_id)`` of every instance of an instances file; ValueError naming the file."""
+    try:
+        experiments = json.loads(Path(path).read_text(encoding="utf-8"))["experiments"]
+        return {(game, experiment["name"], int(instance["game_id"]))
+                for experiment in experiments for instance in experiment["game_instances"]}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"instances file {path}: cannot read its instances ({type(error).__name__}: {error})") \
+            from error
+
+
+def input_file_problems(config: dict) -> list[str]:
+    """Input files of rules that the config names and that are not there (a rule would stop the run at once with
+    Snakemake's "Missing input files"): ``sft.extra_data``."""
+    extra = (config.get("sft") or {}).get("extra_data")
+    if extra and not os.path.isfile(os.path.expanduser(extra)):
+        return [f"sft.extra_data: {extra} is not a file (relative to {os.getcwd()}; playpen-data interactions: "
+                f"parquet, jsonl or json)"]
+    return []
+
+
 def clembench_problems(games: dict) -> list[str]:
     """Why the configured clembench games cannot be played here ([] when they can)."""
     from clemprm.play.catalog import clembench_specs, instances_file
@@ -229,8 +369,6 @@ def clembench_problems(games: dict) -> list[str]:
         return [str(error)]
     problems = []
     chosen = games.get("instances_files") or {}
-    for name in sorted(set(chosen) - set(names)):
-        problems.append(f"games.instances_files names {name!r}, which is not in games.clembench_games")
     for name in names:
         if name not in specs:
             problems.append(f"games.clembench_games: no game {name!r} in clembench checkout "
@@ -241,11 +379,14 @@ def clembench_problems(games: dict) -> list[str]:
             instances_file(game_dir, spec, chosen.get(name))
         except ValueError as error:
             problems.append(str(error))
-        modules, nltk_data = game_imports(game_dir)
+        try:
+            modules, nltk_data = game_imports(game_dir)
+        except (SyntaxError, ValueError, OSError) as error:   # ValueError: a null byte in the source
+            problems.append(f"game {name!r}: cannot read its code: {code_error(error)}")
+            continue
         missing = sorted(module for module in modules if not importable(module))
         if missing:
-            problems.append(f"game {name!r} imports {', '.join(missing)}, not installed here "
-                            f"(pip install -e \".[clembench]\" installs what the clembench 2.0 text games need)")
+            problems.append(f"game {name!r} imports {', '.join(missing)}, not installed here ({install_hint(missing)})")
         absent = [package for package in nltk_data if not nltk_data_installed(package)]
         if absent:
             problems.append(f"game {name!r} needs the NLTK data {', '.join(absent)}, which NLTK does not find here "
@@ -253,6 +394,31 @@ def clembench_problems(games: dict) -> list[str]:
                             f"set NLTK_DATA=DIR; NLTK also refuses data writable by other accounts: chmod -R go-w "
                             f"DIR; docs/games.md: clembench games)")
     return problems
+
+
+CLEMBENCH_EXTRA_MODULES = ("lark", "jinja2", "networkx")
+"""The modules clemprm's ``clembench`` extra installs (pyproject.toml)."""
+MODULE_PACKAGES = {"clingo": "clingo", "sklearn": "scikit-learn", "spacy": "spacy", "yaml": "pyyaml",
+                   "PIL": "pillow", "cv2": "opencv-python", "bs4": "beautifulsoup4", "Levenshtein": "levenshtein"}
+"""The pip package of a module whose name is not the package's, or that the ``clembench`` extra does not install."""
+
+
+def install_hint(modules: list[str]) -> str:
+    """What installs ``modules``: clemprm's ``clembench`` extra for those it holds, pip for the others (by package
+    name where it differs from the module's)."""
+    extra = [module for module in modules if module in CLEMBENCH_EXTRA_MODULES]
+    others = [MODULE_PACKAGES.get(module, module) for module in modules if module not in CLEMBENCH_EXTRA_MODULES]
+    hints = [f'pip install -e ".[clembench]" installs {", ".join(extra)}'] if extra else []
+    if others:
+        hints.append(f"pip install {' '.join(others)} (not in clemprm's clembench extra)")
+    return "; ".join(hints)
+
+
+def code_error(error: Exception) -> str:
+    """A game file that Python cannot compile, as ``file, line N: message``."""
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}, line {error.lineno}: {error.msg}"
+    return str(error)
 
 
 def local_roots(game_dir: Path) -> list[Path]:
@@ -275,7 +441,7 @@ def game_imports(game_dir: Path) -> tuple[set[str], list[str]]:
         if path in seen or not path.is_file():
             continue
         seen.add(path)
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = ast.parse(python_source(path), filename=str(path))
         for node in module_level_nodes(tree):
             if isinstance(node, ast.Call) and nltk_download_target(node):
                 nltk_data.append(nltk_download_target(node))
@@ -286,6 +452,18 @@ def game_imports(game_dir: Path) -> tuple[set[str], list[str]]:
                 elif not maybe_attribute and module.split(".")[0] not in sys.stdlib_module_names:
                     external.add(module.split(".")[0])
     return external, list(dict.fromkeys(nltk_data))
+
+
+def python_source(path: Path) -> str:
+    """A Python file's text decoded as the interpreter decodes it on import: its coding line (PEP 263) or UTF-8, a
+    byte-order mark dropped (``importlib.util.decode_source``); ``SyntaxError`` naming the file for a coding it cannot
+    decode with."""
+    try:
+        return importlib.util.decode_source(path.read_bytes())
+    except (SyntaxError, UnicodeDecodeError, LookupError) as error:   # bytes not in its coding, an unknown coding
+        message = error.msg if isinstance(error, SyntaxError) else str(error)
+        raise SyntaxError(f"{message} (Python reads a file in the coding of its coding line, else in UTF-8)",
+                          (str(path), getattr(error, "lineno", None) or 1, 0, None)) from error
 
 
 def module_level_nodes(tree: ast.Module):
