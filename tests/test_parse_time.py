@@ -466,3 +466,23 @@ def test_check_config_and_snakemake_refuse_the_same_configs(tmp_path, monkeypatc
     output = done.stdout + done.stderr
     assert ("Config file must be given as JSON or YAML with keys at top level" in output if text.startswith("#")
             else message.format(path=path) in output)
+
+
+# ------------------------------------------------- found in a job: a failure names every game it is about
+
+
+def test_every_game_whose_episodes_all_failed_is_named(caplog):
+    """The default model.max_context_tokens (2048) is too short for some clembench games' first prompts: every
+    such game is named, not only the first."""
+    from clemprm.checks.run_time import StageFailure, check_episodes
+
+    error = "context too long: 2300 > 2048 tokens (model.max_context_tokens; raise it, or set it to auto: ...)"
+    rows = [{"game": game, "episode_id": f"{game}-{i}", "error": error if game != "fine" else None}
+            for game in ("taboo", "fine", "wordle") for i in range(2)]
+    with pytest.raises(StageFailure, match=re.escape(
+            f"base_rollouts: every episode of 2 games: taboo: 2 of 2 episodes failed, first error: taboo-0: {error}; "
+            f"wordle: 2 of 2 episodes failed, first error: wordle-0: {error} (set `on_failure: continue`")):
+        check_episodes("base_rollouts", rows, "stop")
+    marks = check_episodes("base_rollouts", rows, "continue")
+    assert [(mark.game, mark.count, mark.condition) for mark in marks] == [("taboo", 2, "all_episodes_failed"),
+                                                                           ("wordle", 2, "all_episodes_failed")]

@@ -328,3 +328,32 @@ def test_untrained_reason_names_a_zero_schedule_or_unchanged_weights():
     assert "learning rate was 0 at every one of its 2" in untrained_reason(section, 2, [0.0, 0.0], changed=0)
     assert untrained_reason(section, 2, [1e-3, 1e-3], changed=0) == ("its weights did not change in 2 optimizer "
                                                                     "step(s) (learning rates 0.001 to 0.001)")
+
+
+def test_a_game_that_loses_every_pair_to_max_length_is_a_failure_counted_per_game(tmp_path, test_cache_dir, caplog):
+    """A clembench-format game with a long first prompt: every one of its pairs is too long even shortened. The stage
+    fails naming the game and sft.max_length (on_failure: stop), or goes on with a mark; the log and the metrics count
+    kept, shortened and dropped pairs per game."""
+    from clemprm.checks.run_time import read_failure_marks
+
+    long_prompt = "Rules of the game. " + " ".join(f"rule{i} applies" for i in range(300))
+    long_rows = [interaction([{"role": "user", "content": long_prompt}, {"role": "assistant", "content": "GUESS: 3"},
+                              {"role": "user", "content": "Higher."}, {"role": "assistant", "content": "GUESS: 5"}],
+                             game="longgame", task_id=task) for task in range(2)]
+    data = tmp_path / "data.parquet"
+    records.write_records(data, synthetic_rows(per_instance=1) + long_rows, records.INTERACTIONS, {})
+    settings = sft_settings(max_length=64, epochs=1, batch_size=8, max_examples=None, validation_fraction=0.0,
+                            extra_data=None)
+    paths = [str(tmp_path / "adapter"), str(tmp_path / "metrics.json")]
+    with pytest.raises(StageFailure, match=re.escape(
+            "sft_adapter: every pair of longgame (4 pairs) is too long for sft.max_length 64 even with the oldest "
+            "exchanges dropped: raise sft.max_length")):
+        sft.train_sft(settings, str(data), *paths, test_cache_dir)
+    caplog.set_level("INFO", logger="clemprm.stages.sft")
+    metrics = sft.train_sft(settings, str(data), *paths, test_cache_dir, on_failure="continue")
+    assert metrics["examples"]["pairs_by_game"] == {"longgame": {"kept": 0, "shortened": 0, "dropped": 4},
+                                                    "synthetic": {"kept": 12, "shortened": 0, "dropped": 0}}
+    assert "sft data of game longgame: 0 pairs kept (0 of them shortened), 4 too long even shortened" in caplog.text
+    mark, = read_failure_marks(tmp_path / "metrics.json")
+    assert (mark["condition"], mark["game"], mark["count"]) == ("game_lost_to_max_length", "longgame", 4)
+    assert metrics["status"] == "trained"

@@ -1,10 +1,11 @@
 """Run-time failure policy of the stages: a stage with nothing left to work on stops the run, saying why.
 
-A stage fails (:class:`StageFailure`, one message naming the game, the count and the first error) when
+A stage fails (:class:`StageFailure`, one message naming each game, the count and the first error) when
 
 * a configured game has no instance in the split the stage plays, or every episode of a game failed (base
   rollouts, branch points, every eval mode);
-* there are no wins to fine-tune on (``sft_adapter``), no branch points (``branch_points``), or no soft label
+* there are no wins to fine-tune on (``sft_adapter``), a game's every SFT pair is too long for ``sft.max_length``
+  even shortened (``sft_adapter``), no branch points (``branch_points``), or no soft label
   with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same);
 * training left the SFT adapter as it was (``sft_adapter``: a schedule that never left learning rate 0, e.g. one
   optimizer step with a warmup, or weights that did not change);
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
-CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "no_branch_points",
-              "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained")
+CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "game_lost_to_max_length",
+              "no_branch_points", "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained")
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 
@@ -99,18 +100,21 @@ def fail_or_warn(stage: str, message: str, on_failure: str, *, condition: str, g
 
 
 def check_episodes(stage: str, rows: list[dict], on_failure: str) -> list[FailureMark]:
-    """Log failed episodes per game; fail the stage when every episode of some game failed. Returns the marks."""
-    marks = []
+    """Log failed episodes per game; fail the stage when every episode of some game failed, naming every such game
+    (``on_failure: stop``: one failure for all of them). Returns the marks, one per such game."""
+    lost = []
     for entry in failures_by_game(rows).values():
-        if not entry.failed:
-            continue
-        if entry.failed == entry.episodes:
-            marks.append(fail_or_warn(stage, f"every episode of game {entry.describe()}", on_failure,
-                                      condition="all_episodes_failed", game=entry.game, count=entry.failed,
-                                      first_error=entry.first_error))
-        else:
+        if entry.failed and entry.failed == entry.episodes:
+            lost.append(entry)
+        elif entry.failed:
             log.warning("%s: %s", stage, entry.describe())
-    return marks
+    if lost and on_failure == "stop":
+        games = f"game {lost[0].describe()}" if len(lost) == 1 else \
+            f"{len(lost)} games: " + "; ".join(entry.describe() for entry in lost)
+        fail_or_warn(stage, f"every episode of {games}", on_failure, condition="all_episodes_failed")
+    return [fail_or_warn(stage, f"every episode of game {entry.describe()}", on_failure,
+                         condition="all_episodes_failed", game=entry.game, count=entry.failed,
+                         first_error=entry.first_error) for entry in lost]
 
 
 def check_instances(stage: str, catalog, split: str, on_failure: str) -> list[FailureMark]:

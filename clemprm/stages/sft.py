@@ -16,7 +16,9 @@ Length
     A pair longer than ``sft.max_length`` tokens is shortened by dropping the oldest exchanges (an assistant
     answer and the user message after it), keeping the leading system message and the first user prompt and
     always the latest user message, so the trained answer is never cut off. A pair that still does not fit
-    is dropped (counted in the metrics); TRL's own truncation (which keeps the start) never triggers.
+    is dropped (counted per game in the log and the metrics' ``pairs_by_game``); a game that loses every pair so
+    fails the stage (``game_lost_to_max_length``, naming ``sft.max_length``). TRL's own truncation (which keeps the
+    start) never triggers.
 
 Validation
     A held-out slice of *instances* ``(game, experiment, task_id)``, so no instance is on both sides;
@@ -153,20 +155,46 @@ class ChatFormat:
         return None
 
 
-def build_examples(rows: list[dict], chat: ChatFormat, max_length: int, source: str) -> tuple[list[Example], int]:
-    """The tokenised pairs of all rows, and how many pairs did not fit ``max_length`` even shortened."""
-    examples, too_long = [], 0
+def build_examples(rows: list[dict], chat: ChatFormat, max_length: int, source: str
+                   ) -> tuple[list[Example], collections.Counter]:
+    """The tokenised pairs of all rows, and per game how many pairs did not fit ``max_length`` even shortened."""
+    examples, too_long = [], collections.Counter()
     for row in rows:
         meta = row["meta"]
         key = records.instance_key(meta.get("game"), meta.get("experiment"), meta.get("task_id"))
         for prompt, answer in turn_pairs(normalise(row["messages"])):
             encoded = chat.encode(prompt, answer, max_length)
             if encoded is None:
-                too_long += 1
+                too_long[key[0]] += 1
                 continue
             prompt_ids, completion_ids, dropped = encoded
             examples.append(Example(prompt_ids, completion_ids, key, source, dropped))
     return examples, too_long
+
+
+def pairs_by_game(examples: list[Example], too_long: collections.Counter) -> dict[str, dict[str, int]]:
+    """Per game: its pairs ``kept`` (``shortened`` of them to fit) and ``dropped`` (too long even shortened)."""
+    games = sorted({e.key[0] for e in examples} | set(too_long))
+    kept = collections.Counter(e.key[0] for e in examples)
+    shortened = collections.Counter(e.key[0] for e in examples if e.shortened)
+    return {game: {"kept": kept[game], "shortened": shortened[game], "dropped": too_long[game]} for game in games}
+
+
+def check_games_kept(by_game: dict[str, dict[str, int]], max_length: int, on_failure: str) -> list:
+    """Fail the stage when a game lost every pair to ``sft.max_length`` (it is then not trained on at all), naming
+    every such game; with ``on_failure: continue`` one mark per game."""
+    lost = [game for game, counts in by_game.items() if counts["dropped"] and not counts["kept"]]
+    if not lost:
+        return []
+    described = {game: f"{game} ({by_game[game]['dropped']} pairs)" for game in lost}
+    advice = (f"too long for sft.max_length {max_length} even with the oldest exchanges dropped: raise sft.max_length "
+              f"(these games' first prompts alone do not fit)")
+    if on_failure == "stop":
+        fail_or_warn("sft_adapter", f"every pair of {', '.join(described.values())} is {advice}", on_failure,
+                     condition="game_lost_to_max_length")
+    return [fail_or_warn("sft_adapter", f"every pair of {described[game]} is {advice}", on_failure,
+                         condition="game_lost_to_max_length", game=game, count=by_game[game]["dropped"])
+            for game in lost]
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -233,11 +261,16 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     if device == "cpu":
         keep_4bit_differentiable(model)
     chat = ChatFormat(tokenizer, cfg.chat_template_kwargs, end_token_ids(tokenizer, model.generation_config))
-    examples, too_long = [], 0
+    examples, too_long_by_game = [], collections.Counter()
     for source, source_rows in rows.items():
         built, dropped = build_examples(source_rows, chat, sft["max_length"], source)
         examples += built
-        too_long += dropped
+        too_long_by_game += dropped
+    too_long = sum(too_long_by_game.values())
+    by_game = pairs_by_game(examples, too_long_by_game)
+    for game, counts in by_game.items():
+        log.info("sft data of game %s: %d pairs kept (%d of them shortened), %d too long even shortened", game,
+                 counts["kept"], counts["shortened"], counts["dropped"])
     validation_keys = split_instances([e.key for e in examples], sft["validation_fraction"], seed)
     train = [e for e in examples if e.key not in validation_keys]
     validation = [e for e in examples if e.key in validation_keys]
@@ -245,6 +278,8 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
         marks = check_not_empty("sft_adapter", "training examples", len(train),
                                 f"{sum(map(len, rows.values()))} wins, {too_long} of them too long for sft.max_length "
                                 f"{sft['max_length']} even shortened", on_failure, condition="no_training_examples")
+    if not marks:   # some games fit, but one lost every pair: it would be missing from the policy without a word
+        marks = check_games_kept(by_game, sft["max_length"], on_failure)
     available = len(train)
     train = sample_at_most(train, sft["max_examples"], seed)
     validation = sample_at_most(validation, sft["max_examples"], seed + 1)
@@ -263,7 +298,8 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             "rows": {k: len(v) for k, v in rows.items()},
             "pairs_by_source": dict(collections.Counter(e.source for e in examples)),
             "train_by_game": dict(sorted(collections.Counter(e.key[0] for e in train).items())),
-            "shortened": sum(e.shortened > 0 for e in examples), "dropped_too_long": too_long},
+            "shortened": sum(e.shortened > 0 for e in examples), "dropped_too_long": too_long,
+            "pairs_by_game": by_game},
         "tokens": {"train": sum(len(e) for e in train), "train_answer": sum(len(e.completion_ids) for e in train),
                    "validation": sum(len(e) for e in validation),
                    "max_sequence": max((len(e) for e in train + validation), default=0)},
