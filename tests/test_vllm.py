@@ -8,6 +8,8 @@ checkpoint on a live server)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import signal
@@ -220,3 +222,110 @@ def test_a_server_that_dies_mid_stage_fails_it_and_the_shard_resumes(vllm_python
                                        str(branch_points), None, 0, 1, str(output), test_cache_dir)
     assert done == LABELS["checkpoint_every"] and len(resumed) == len(records.read_records(branch_points))
     assert not Path(f"{output}.ckpt").exists()
+
+
+# ------------------------------------------------------------------ controls the vllm backend cannot play
+
+
+def test_logprob_modes_are_refused_with_the_vllm_backend_at_parse_time(capsys, tmp_path):
+    """best_of_n_logprob and beam_search_logprob score with the policy's weights, which a vllm policy does not load
+    (its PolicyModel.model is None): refused when the Snakefile is parsed, naming the reason."""
+    from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
+
+    vllm = {"backend": "vllm", "vllm": {"url": "http://127.0.0.1:8000"}}
+    config = load_config(overrides={"generation": vllm,
+                                    "eval": {"modes": ["greedy_sft", "best_of_n_logprob", "beam_search_logprob"]}})
+    with pytest.raises(ConfigInputError, match=(
+            r"eval.modes: best_of_n_logprob, beam_search_logprob rank candidates by the policy's log-probabilities, "
+            r"computed by the policy's weights in the job; with generation.backend vllm the policy loads only its "
+            r"tokenizer \(the weights are the server's\): drop them from eval.modes, or play with generation.backend "
+            r"engine")):
+        check_config_inputs(config)
+    check_config_inputs(load_config(overrides={"generation": vllm, "eval": {"modes": ["greedy_sft", "best_of_n"]}}))
+    check_config_inputs(load_config(overrides={"eval": {"modes": ["best_of_n_logprob"]}}))   # engine: fine
+
+
+# ------------------------------------------------------------- several processes: one server per rank
+
+
+def test_each_rank_s_server_gets_its_rank_s_gpu():
+    from clemprm.models.vllm_backend import VLLMError, server_environment, vllm_settings
+
+    settings = vllm_settings({"kv_cache_gb": 3})
+    ranks = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "PATH": "/bin"}
+    assert server_environment(settings, {**ranks, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "4,5"}) == {
+        **ranks, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "5", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_CPU_KVCACHE_SPACE": "3"}
+    assert server_environment(settings, {**ranks, "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "4,5"})[
+        "CUDA_VISIBLE_DEVICES"] == "4"
+    assert server_environment(settings, {**ranks, "LOCAL_RANK": "1"})["CUDA_VISIBLE_DEVICES"] == "1"
+    # one process: the server gets the job's GPUs as they are (vllm.args may spread it over several)
+    assert server_environment(settings, {"CUDA_VISIBLE_DEVICES": "4,5"})["CUDA_VISIBLE_DEVICES"] == "4,5"
+    with pytest.raises(VLLMError, match=r"2 processes on this node, but CUDA_VISIBLE_DEVICES names 1 GPU\(s\) \(4\)"):
+        server_environment(settings, {**ranks, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "4"})
+
+
+def test_each_rank_s_server_logs_to_a_file_of_its_own():
+    from clemprm.models.vllm_backend import server_log_path
+
+    rule = {"CLEMPRM_LOG": "results/logs/soft_labels/0-of-2.log"}
+    assert server_log_path(rule) == Path("results/logs/soft_labels/0-of-2.vllm.log")
+    assert server_log_path({**rule, "WORLD_SIZE": "2", "RANK": "1"}) == Path(
+        "results/logs/soft_labels/0-of-2.rank1.vllm.log")
+    assert server_log_path({**rule, "WORLD_SIZE": "2", "RANK": "0"}) != server_log_path(
+        {**rule, "WORLD_SIZE": "2", "RANK": "1"})
+
+
+FAKE_SERVER = """#!/bin/sh
+echo "fresh server: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+exit 3
+"""
+
+
+def test_a_failing_server_quotes_its_own_lines_only(tmp_path, monkeypatch):
+    """A server started in a job of two processes (rank 1): it runs on its rank's GPU, and its failure quotes what it
+    wrote, not the lines an earlier server left in the same log file; a server at vllm.url quotes no local log."""
+    from clemprm.models.vllm_backend import VLLMError, VLLMServer, vllm_settings
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_SERVER)
+    fake.chmod(0o755)
+    log_path = tmp_path / "rule.rank1.vllm.log"
+    log_path.write_text("stale line of an earlier server\n")
+    for name, value in {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "6,7"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(VLLMError) as error:
+        VLLMServer("model", settings=vllm_settings({"python": str(fake), "startup_timeout_s": 60}), dtype="float32",
+                   max_model_len=64, seed=0, max_lora_rank=8, log_path=log_path)
+    assert str(error.value) == ("the vLLM server exited with status 3 while loading:\n"
+                                "fresh server: CUDA_VISIBLE_DEVICES=7")
+    assert log_path.read_text().startswith("stale line of an earlier server\n")   # the file keeps its history
+    with models_endpoint() as url:   # a server at vllm.url: the local log file is an earlier started server's
+        elsewhere = VLLMServer("model", settings=vllm_settings({"url": url}), dtype="float32", max_model_len=64,
+                               seed=0, max_lora_rank=8, log_path=log_path)
+    assert elsewhere.served_name == "served-base"
+    assert elsewhere.last_log_lines() == f"(no server log here: the server at {url} logs where it runs)"
+
+
+@contextlib.contextmanager
+def models_endpoint():
+    """A local HTTP server answering /v1/models as vLLM does (one served model), for as long as the block runs."""
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "served-base"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Models)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

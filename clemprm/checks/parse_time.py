@@ -16,6 +16,8 @@ game code:
   game's own modules (read with :mod:`ast`, never executed), must be importable here;
 * the NLTK data a game downloads at import time (``nltk.download("stopwords")`` in taboo, ``"wordnet"`` in taboo
   and codenames) is installed: offline the download fails and the game breaks later, inside a job;
+* with ``generation.backend: vllm``, no eval mode ranks by the policy's log-probabilities (the job holds no policy
+  weights then);
 * the tracker of ``tracking.report_to`` is installed (:func:`clemprm.tracking.tracker_problem`).
 """
 
@@ -69,6 +71,7 @@ def config_input_problems(config: dict) -> tuple[list[str], list[str]]:
     problems += unreadable + ([] if warnings else unmatched)
     problems += input_file_problems(config)
     problems += generation_problems(config.get("generation") or {})
+    problems += vllm_mode_problems(config)
     tracker = tracker_problem(config["tracking"]["report_to"])
     problems += [tracker] if tracker else []
     return problems, warnings
@@ -175,6 +178,23 @@ def generation_problems(generation: dict) -> list[str]:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return [f"generation.vllm.python: {python} is not an executable file (the Python of a virtualenv with vLLM)"]
     return []
+
+
+def vllm_mode_problems(config: dict) -> list[str]:
+    """Eval modes the vllm backend cannot play: those that rank candidates by the policy's own log-probabilities
+    (``scorer: logprob``) need the policy's weights in this process, and a vllm policy loads only its tokenizer (the
+    weights are the server's)."""
+    from clemprm.modes import MODES
+
+    if (config.get("generation") or {}).get("backend") != "vllm":
+        return []
+    refused = [mode for mode in config["eval"]["modes"] if MODES[mode].scorer == "logprob"]
+    if not refused:
+        return []
+    return [f"eval.modes: {', '.join(refused)} rank{'s' if len(refused) == 1 else ''} candidates by the policy's "
+            f"log-probabilities, computed by the policy's weights in the job; with generation.backend vllm the policy "
+            f"loads only its tokenizer (the weights are the server's): drop {'it' if len(refused) == 1 else 'them'} "
+            f"from eval.modes, or play with generation.backend engine"]
 
 
 def cache_dir_problems(cache_dir: str | None) -> list[str]:

@@ -108,9 +108,9 @@ class VLLMServer:
 
     def __init__(self, model_dir: str, *, settings: dict, dtype: str, max_model_len: int, seed: int,
                  max_lora_rank: int, log_path: str | Path | None):
-        self.process, self.log_path = None, Path(log_path) if log_path else None
-        if settings["url"]:
-            self.url = settings["url"].rstrip("/")
+        self.process, self.log_path, self.log_start = None, Path(log_path) if log_path else None, 0
+        if settings["url"]:   # its log is elsewhere: a log file here is an earlier started server's, never quoted
+            self.url, self.log_path = settings["url"].rstrip("/"), None
             self.served_name = self._first_model()
             return
         if not settings["python"]:
@@ -123,11 +123,13 @@ class VLLMServer:
                    "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
                    "--enable-prefix-caching", "--enable-lora", "--max-lora-rank", str(max_lora_rank),
                    "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), *settings["args"]]
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-               "VLLM_CPU_KVCACHE_SPACE": str(settings["kv_cache_gb"])}
+        env = server_environment(settings)
         self.log_path = self.log_path or Path(f"vllm-{port}.log")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting the vLLM server (log %s): %s", self.log_path, " ".join(command))
+        self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0   # earlier servers' lines
+        log.info("starting the vLLM server (log %s%s): %s", self.log_path,
+                 f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else "",
+                 " ".join(command))
         with open(self.log_path, "ab") as server_log:
             # its own process group: stop() ends the server and its engine-core children together
             self.process = subprocess.Popen(command, stdout=server_log, stderr=subprocess.STDOUT, env=env,
@@ -160,9 +162,14 @@ class VLLMServer:
                         f"{self.last_log_lines()}")
 
     def last_log_lines(self, count: int = 30) -> str:
+        """The last ``count`` lines this server wrote to its log (not those of an earlier server in the same file)."""
         if not self.log_path or not self.log_path.exists():
-            return "(no server log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-count:])
+            return f"(no server log here: the server at {self.url} logs where it runs)" if self.process is None \
+                else "(no server log)"
+        with open(self.log_path, "rb") as server_log:
+            server_log.seek(self.log_start)
+            text = server_log.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-count:]) or "(the server wrote nothing to its log)"
 
     def died(self, within_s: float = 5.0) -> bool:
         """Whether the started server has exited (waiting up to ``within_s`` for a dying one); False for a server
@@ -266,13 +273,36 @@ def adapter_name(path: str) -> str:
     return f"{Path(path).name or 'adapter'}-{digest}"
 
 
-def server_log_path() -> Path:
+def server_environment(settings: dict, environ=None) -> dict[str, str]:
+    """The environment a started server runs in: ``environ`` (default: this process's), runtime LoRA loading, the CPU
+    build's KV cache, and in a job of several processes on one node (torchrun's ``LOCAL_RANK`` of
+    ``LOCAL_WORLD_SIZE`` > 1) the GPU of this process's local rank alone (``CUDA_VISIBLE_DEVICES``: the local rank's
+    entry of the job's list, else the local rank itself), the GPU :func:`clemprm.distributed.init_from_environment`
+    gives its model; without it every rank's server would take the same GPU(s)."""
+    environ = os.environ if environ is None else environ
+    env = {**environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+           "VLLM_CPU_KVCACHE_SPACE": str(settings["kv_cache_gb"])}
+    local_rank, local_size = environ.get("LOCAL_RANK"), int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local_rank is not None and local_size > 1:
+        visible = [device for device in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
+        if visible and len(visible) < local_size:
+            raise VLLMError(f"{local_size} processes on this node, but CUDA_VISIBLE_DEVICES names "
+                            f"{len(visible)} GPU(s) ({environ['CUDA_VISIBLE_DEVICES']}): each process's vLLM server "
+                            f"needs a GPU of its own (give the job as many GPUs as processes: docs/slurm.md)")
+        env["CUDA_VISIBLE_DEVICES"] = visible[int(local_rank)].strip() if visible else str(local_rank)
+    return env
+
+
+def server_log_path(environ=None) -> Path:
     """Beside the rule's log (``results/logs/<rule>.log`` -> ``<rule>.vllm.log``; :func:`clemprm.workflow.setup_job`
-    names it in ``CLEMPRM_LOG``), else a temporary file."""
-    rule_log = os.environ.get("CLEMPRM_LOG")
-    if rule_log:
-        return Path(rule_log).with_suffix(".vllm.log")
-    return Path(tempfile.mkdtemp(prefix="clemprm-vllm-")) / "server.log"
+    names it in ``CLEMPRM_LOG``), one per process in a job of several (``<rule>.rank<r>.vllm.log``, torchrun's
+    ``RANK``), so no server's failure quotes another's lines; else a temporary file."""
+    environ = os.environ if environ is None else environ
+    rule_log = environ.get("CLEMPRM_LOG")
+    if not rule_log:
+        return Path(tempfile.mkdtemp(prefix="clemprm-vllm-")) / "server.log"
+    rank = f".rank{environ['RANK']}" if int(environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in environ else ""
+    return Path(rule_log).with_suffix(f"{rank}.vllm.log")
 
 
 def server_context_length(cfg: ModelConfig, tokenizer) -> int:
