@@ -141,7 +141,7 @@ def command_line_hint(command_line: dict | None, path: list, value) -> str:
         given = given[part]
     if given != value:
         return ""
-    return (f" (snakemake --config passes a nested value as text: set {'.'.join(map(str, path))} in a config file "
+    return (f" (Snakemake passes a nested --config value as text: set {'.'.join(map(str, path))} in a config file "
             f"and pass it with --configfile)")
 
 

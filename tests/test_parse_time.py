@@ -393,14 +393,15 @@ def test_a_missing_package_is_named_with_what_installs_it(tmp_path):
 
 def test_instance_list_rows_that_match_nothing_are_listed(tmp_path, monkeypatch):
     """An unknown task_id, a misspelled game, a split that does not exist or that the game does not hold the instance
-    in: an error listing the first few and the count; a warning with the same list under on_failure: continue."""
+    in: an error listing the first few and the count; a warning with the same list under on_failure: continue. Rows
+    of a game the run could play but does not (hanabi here) are another run's."""
     monkeypatch.chdir(tmp_path)
     rows = ["guessnumber,range10,0,train", "guessnumber,range10,99,train", "guesnumber,range10,0,train",
             "guessnumber,range10,1,dev", "guessnumber,range10,2,Validation", "guessnumber,range10,3,test",
-            "guessnumber,range10,0,validation"]
+            "guessnumber,range10,0,validation", "hanabi,small,0,train"]
     (tmp_path / "list.csv").write_text("game,experiment,task_id,split\n" + "\n".join(rows) + "\n")
     message = problems_of(games={"instance_list": "list.csv"})
-    assert ("games.instance_list: 6 of 7 rows of list.csv match no instance of a played game "
+    assert ("games.instance_list: 6 of 8 rows of list.csv match no instance of a played game "
             "(game/experiment/task_id/split): guesnumber/range10/0/train; guessnumber/range10/0/validation; "
             "guessnumber/range10/1/dev; guessnumber/range10/2/Validation; guessnumber/range10/3/test and 1 more "
             "(splits: train, validation, test; games: guessnumber, wordref, oddoneout)") in message
@@ -435,7 +436,7 @@ def test_a_nested_command_line_value_suggests_a_config_file():
     config = copy.deepcopy(DEFAULT)
     config["labels"]["k"] = "8"
     with pytest.raises(ConfigError, match=re.escape(
-            "config key 'labels.k': '8' is not of type 'integer' (snakemake --config passes a nested value as text: "
+            "config key 'labels.k': '8' is not of type 'integer' (Snakemake passes a nested --config value as text: "
             "set labels.k in a config file and pass it with --configfile)")):
         validate_config(config, {"labels": {"k": "8"}})
     with pytest.raises(ConfigError, match=r"not of type 'integer'$"):   # not from the command line: no such advice

@@ -9,11 +9,15 @@ game code:
   (:func:`clemprm.config.hub_offline_reason`) must be in the hub cache; no weights are loaded;
 * ``model.adapter`` is a PEFT adapter folder (``adapter_config.json`` and its weights);
 * ``cache_dir`` (else ``$CLEMPRM_CACHE``) is a folder that can be created and written, not under ``results/``;
-* ``games.experiments`` names configured games and experiments their instances files hold;
+* ``games.experiments``, ``games.parse_mode_overrides`` and ``games.instances_files`` name played games, and
+  ``games.experiments`` experiments their instances files hold; ``games.clembench_path`` is a folder when set;
+* every row of ``games.instance_list`` matches an instance of a played game (a warning under ``on_failure:
+  continue``), and the input files the rules read (the instance list, ``sft.extra_data``) are there;
 * ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
   (:func:`clemprm.play.catalog.clembench_specs`) with its instances file;
 * each game's Python imports resolve: the modules its ``master.py`` imports at module level, followed through the
-  game's own modules (read with :mod:`ast`, never executed), must be importable here;
+  game's own modules (decoded as Python decodes them and read with :mod:`ast`, never executed), must be importable
+  here; a file Python cannot compile is a problem of the list;
 * the NLTK data a game downloads at import time (``nltk.download("stopwords")`` in taboo, ``"wordnet"`` in taboo
   and codenames) is installed: offline the download fails and the game breaks later, inside a job;
 * with ``generation.backend: vllm``, no eval mode ranks by the policy's log-probabilities (the job holds no policy
@@ -300,8 +304,10 @@ UNMATCHED_SHOWN = 5
 
 def instance_list_problems(games: dict) -> tuple[list[str], list[str]]:
     """``(why games.instance_list cannot be read, its rows that match no instance of a played game)``: an unknown
-    game, experiment or task_id, or a split the game does not hold it in; the first :data:`UNMATCHED_SHOWN` of them
-    and their count. The games' instances are read from their instances files (no game code runs)."""
+    game (no built-in game, none of the checkout: a misspelling), experiment or task_id, or a split the game does not
+    hold it in; the first :data:`UNMATCHED_SHOWN` of them and their count. Rows of games this run does not play
+    (:func:`other_games`) are left out, as the catalog leaves them: one list may serve several runs. The games'
+    instances are read from their instances files (no game code runs)."""
     from clemprm.games import SPLITS
     from clemprm.play.catalog import read_instance_list
 
@@ -318,7 +324,8 @@ def instance_list_problems(games: dict) -> tuple[list[str], list[str]]:
         return [f"games.instance_list: {error}"], []
     if known is None:   # a game that cannot be found: clembench_problems names it
         return [], []
-    unmatched = sorted(row for row in rows if row[:3] not in known.get(row[3], set()))
+    others = other_games(games)   # a shared list's rows of games this run does not play: not ours to judge
+    unmatched = sorted(row for row in rows if row[0] not in others and row[:3] not in known.get(row[3], set()))
     if not unmatched:
         return [], []
     shown = "; ".join("/".join(map(str, row)) for row in unmatched[:UNMATCHED_SHOWN])
@@ -326,6 +333,18 @@ def instance_list_problems(games: dict) -> tuple[list[str], list[str]]:
     return [], [f"games.instance_list: {len(unmatched)} of {len(rows)} rows of {path} match no instance of a played "
                 f"game (game/experiment/task_id/split): {shown}{more} (splits: {', '.join(SPLITS)}; games: "
                 f"{', '.join(played_games(games))})"]
+
+
+def other_games(games: dict) -> set[str]:
+    """The games this run could play but does not: the other built-in games and the other games of the checkout."""
+    from clemprm.games import BUILTIN_GAMES
+    from clemprm.play.catalog import clembench_specs
+
+    try:
+        checkout = set(clembench_specs(games["clembench_path"])) if games.get("clembench_path") else set()
+    except ValueError:   # clembench_problems names it
+        checkout = set()
+    return (set(BUILTIN_GAMES) | checkout) - set(played_games(games))
 
 
 def instance_keys(games: dict) -> dict[str, set[tuple[str, str, int]]] | None:
