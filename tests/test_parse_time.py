@@ -487,3 +487,10 @@ def test_every_game_whose_episodes_all_failed_is_named(caplog):
     marks = check_episodes("base_rollouts", rows, "continue")
     assert [(mark.game, mark.count, mark.condition) for mark in marks] == [("taboo", 2, "all_episodes_failed"),
                                                                            ("wordle", 2, "all_episodes_failed")]
+
+
+def test_a_clemgame_json_that_is_not_utf8_is_named(tmp_path):
+    checkout = fake_checkout(tmp_path / "cb", {"pair": [{"game_name": "pair"}]})
+    (checkout / "pair" / "clemgame.json").write_bytes('[{"game_name": "pair", "note": "caf\xe9"}]'.encode("latin-1"))
+    message = problems_of(games={"clembench_path": str(checkout), "clembench_games": ["pair"]})
+    assert f"{checkout}/pair/clemgame.json: not valid JSON ('utf-8' codec can't decode" in message

@@ -79,7 +79,7 @@ def clembench_specs(clembench_path: str | Path) -> dict[str, tuple[Path, dict]]:
         if spec_file.is_file():
             try:
                 specs = json.loads(spec_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as error:
+            except (OSError, ValueError) as error:   # unreadable, not UTF-8 (as clemcore reads it), not JSON
                 raise ValueError(f"{spec_file}: not valid JSON ({error})") from error
             for spec in specs if isinstance(specs, list) else [specs]:
                 if not isinstance(spec, dict) or not isinstance(spec.get("game_name"), str) or not spec["game_name"]:
