@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from clemprm.modes import MODES, RL_ALGORITHMS
+from clemprm.modes import MODES, RL_ALGORITHMS, prm_input_problem
 from clemprm.tracking import TRACKERS
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
@@ -61,8 +61,9 @@ def renamed_key_problem(config: dict) -> str | None:
 
 
 def cross_key_problem(config: dict) -> str | None:
-    """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, or a
-    first labelling round of all K or more continuations; None if none."""
+    """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
+    mode whose PRM reads another input than ``prm.input``, or a first labelling round of all K or more continuations;
+    None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
@@ -71,6 +72,8 @@ def cross_key_problem(config: dict) -> str | None:
     if k_first is not None and k_first >= k:
         return (f"config key 'labels.k_first': {k_first} is not below labels.k ({k}): the first round plays k_first "
                 "continuations per candidate and the second the other k - k_first (null: all k at once)")
+    if problem := prm_input_problem(config["eval"]["modes"], config["prm"]["input"]):
+        return problem
     algorithms = config["rl"]["algorithms"]
     for mode in config["eval"]["modes"]:
         needed = MODES[mode].algorithm

@@ -137,8 +137,17 @@ def _training_metrics(metrics: dict) -> str:
     return _table(rows, ("metric", "value"))
 
 
+PRM_INPUTS = {   # what the card says a PRM reads, by prm.input
+    "candidate": "Input: the player's perspective and the candidate answer, P(success | prefix + candidate). Blind: "
+                 "it scores a candidate before the game sees it, as clembench plays (one answer per turn).",
+    "candidate_with_reply": "Input: the player's perspective, the candidate and the game's reply to it. LOOKAHEAD "
+                            "only: a search must play every candidate in a fork of the game to read the reply; its "
+                            "figures are no clembench scores.",
+}
+
+
 def _prm_metrics(metrics: dict) -> str:
-    text = ""
+    text = PRM_INPUTS.get(metrics.get("input"), PRM_INPUTS["candidate_with_reply"]) + "\n\n"
     evaluation = metrics.get("evaluation") or {}
     sides = [(side, values) for side, values in evaluation.items() if values]
     if sides:

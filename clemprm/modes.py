@@ -1,6 +1,10 @@
 """The evaluation modes, one row each: which policy plays, how candidates are chosen, what ranks them, the config keys
 it plays by and the files it needs.
 
+Each mode plays in one regime (:mod:`clemprm.search`): ``blind`` (one answer per turn reaches the game, as clembench
+scores a player; the default and the only figures comparable with clembench) or ``lookahead`` (candidates played in
+forks of the game, whose answers the scorer may read; its figures are compared only with lookahead controls).
+
 Everything else reads this table: config validation (the allowed ``eval.modes`` and their cross-key checks), the
 rule params (:func:`clemprm.config.eval_mode_params`), the one ``eval_mode`` rule and its inputs (``rules/eval.smk``),
 the summary's schema and its baselines, and the evaluation itself (:mod:`clemprm.evaluation.evaluate`). Adding a mode
@@ -35,7 +39,8 @@ class EvalMode:
     ``random``, ``logprob`` for the policy's own mean token log-probability, ``implicit`` for PRIME's implicit PRM);
     ``keys``: the eval keys it plays by; ``sections``: further config sections in its params; ``inputs``: the files it
     reads, by the name the evaluation takes them under; ``algorithm``: the RL algorithm it needs trained;
-    ``baseline``: the summary reports every other mode's difference to it."""
+    ``baseline``: the summary reports the difference of every other mode of its regime to it; ``regime``: ``blind``
+    or ``lookahead`` (:data:`clemprm.search.REGIMES`)."""
 
     name: str
     policy: str
@@ -46,7 +51,16 @@ class EvalMode:
     inputs: dict[str, str] = field(default_factory=dict)
     algorithm: str | None = None
     baseline: bool = False
+    regime: str = "blind"
     description: str = ""
+
+    @property
+    def prm_input(self) -> str | None:
+        """The input the mode's PRM must have been trained on (``prm.input``): a blind search shows it the candidate
+        alone, a lookahead one the candidate with the game's reply; None for a mode without a PRM."""
+        if self.scorer != "prm":
+            return None
+        return "candidate" if self.regime == "blind" else "candidate_with_reply"
 
     @property
     def samples(self) -> bool:
@@ -64,28 +78,54 @@ MODES: dict[str, EvalMode] = {mode.name: mode for mode in [
       for algorithm in RL_ALGORITHMS],
     EvalMode("greedy_merged", "merged", inputs={"merged_model": "results/merged/sft"},
              description="the merged SFT checkpoint, temperature 0 (in fp32 on CPU it plays greedy_sft's episodes)"),
+    # blind: the game sees one answer per turn, the chosen one
     EvalMode("random_of_n", "sft", "best_of_n", "random", SEARCH_KEYS, inputs={"sft_adapter": SFT_ADAPTER},
              baseline=True, description="best_of_n's N candidates per turn, one played at random: the control"),
     EvalMode("best_of_n", "sft", "best_of_n", "prm", SEARCH_KEYS, ("prm",),
              {"sft_adapter": SFT_ADAPTER, "prm_adapter": PRM_ADAPTER},
-             description="N sampled candidates per turn, the PRM's favourite played"),
-    EvalMode("beam_search", "sft", "beam_search", "prm", SEARCH_KEYS + BEAM_KEYS, ("prm",),
-             {"sft_adapter": SFT_ADAPTER, "prm_adapter": PRM_ADAPTER},
-             description="beams of forked games ranked by the PRM"),
+             description="N sampled candidates per turn, the PRM's favourite (on the candidate alone) played"),
     EvalMode("best_of_n_logprob", "sft", "best_of_n", "logprob", SEARCH_KEYS, inputs={"sft_adapter": SFT_ADAPTER},
              baseline=True, description="best_of_n ranked by the policy's mean token log-probability"),
-    EvalMode("beam_search_logprob", "sft", "beam_search", "logprob", SEARCH_KEYS + BEAM_KEYS,
-             inputs={"sft_adapter": SFT_ADAPTER}, baseline=True,
-             description="beam_search ranked by the policy's mean token log-probability"),
     EvalMode("best_of_n_implicit", "sft", "best_of_n", "implicit", SEARCH_KEYS, ("rl",),
              {"sft_adapter": SFT_ADAPTER, "rl_adapter": rl_adapter("prime")}, algorithm="prime",
              description="best_of_n ranked by PRIME's implicit PRM"),
+    # lookahead: every candidate is played in a fork and the scorer may read the game's answer to it
+    EvalMode("best_of_n_lookahead", "sft", "best_of_n", "prm", SEARCH_KEYS, ("prm",),
+             {"sft_adapter": SFT_ADAPTER, "prm_adapter": PRM_ADAPTER}, regime="lookahead",
+             description="N candidates per turn played in forks, the PRM's favourite (reading the game's reply) "
+                         "goes on"),
+    EvalMode("best_of_n_rule", "sft", "best_of_n", "rule", SEARCH_KEYS, inputs={"sft_adapter": SFT_ADAPTER},
+             baseline=True, regime="lookahead",
+             description="best_of_n_lookahead ranked by a rule with no model reading the fork: the control"),
+    EvalMode("beam_search", "sft", "beam_search", "prm", SEARCH_KEYS + BEAM_KEYS, ("prm",),
+             {"sft_adapter": SFT_ADAPTER, "prm_adapter": PRM_ADAPTER}, regime="lookahead",
+             description="beams of forked games ranked by the PRM (reading the game's reply)"),
+    EvalMode("beam_search_rule", "sft", "beam_search", "rule", SEARCH_KEYS + BEAM_KEYS,
+             inputs={"sft_adapter": SFT_ADAPTER}, baseline=True, regime="lookahead",
+             description="beam_search ranked by a rule with no model reading the fork: the control"),
+    EvalMode("beam_search_logprob", "sft", "beam_search", "logprob", SEARCH_KEYS + BEAM_KEYS,
+             inputs={"sft_adapter": SFT_ADAPTER}, baseline=True, regime="lookahead",
+             description="beam_search ranked by the policy's mean token log-probability"),
     EvalMode("self_correct", "sft+score", "self_correct", sections=("score",),
              inputs={"sft_adapter": SFT_ADAPTER, "score_adapter": "results/score/adapter"},
-             description="SCoRe's two greedy attempts per instance, SFT and SCoRe policy"),
+             description="SCoRe's two greedy attempts per instance, SFT and SCoRe policy (attempt 2 is an episode "
+                         "of its own that starts from attempt 1's transcript and verdict; summarized apart)"),
 ]}
 
 SELF_CORRECT = "self_correct"   # summarized apart (attempt pairs of two policies), as prm_eval.json's self_correction
+
+
+def prm_input_problem(modes, prm_input: str) -> str | None:
+    """A mode of ``modes`` whose PRM must read another input than the one the PRM is trained on (``prm.input``):
+    the PRM is trained for one input, a blind search shows it the candidate alone and a lookahead search the
+    candidate with the game's reply. None when every mode fits."""
+    for name in modes:
+        needed = MODES[name].prm_input
+        if needed is not None and needed != prm_input:
+            return (f"config key 'prm.input': eval mode {name} ({MODES[name].regime}) needs a PRM trained on "
+                    f"'{needed}', but prm.input is '{prm_input}' (the PRM is trained for one input): set prm.input: "
+                    f"{needed} or drop {name} from eval.modes")
+    return None
 
 
 def upstream_outputs(modes) -> list[str]:

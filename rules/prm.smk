@@ -6,6 +6,8 @@ rule prm_adapter:
     input:
         labels="results/labels/soft_labels.parquet",
         sft_adapter="results/sft/adapter",  # the policy whose log-probabilities are a baseline
+        # the played episodes whose answers, with the game's verdict, the acceptance pre-training reads
+        episodes=["results/rollouts/base_train.parquet", "results/labels/sft_train_episodes.parquet"],
     output:
         adapter=directory("results/prm/adapter"),
         metrics="results/prm/metrics.json",

@@ -62,6 +62,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--labels", type=Path, default=None, help="soft labels to train on (default: made here)")
     parser.add_argument("--sft-adapter", default=None, help="the policy of the log-probability baseline (with --labels)")
+    parser.add_argument("--episodes", nargs="*", default=[], help="played episode records (a pipeline's "
+                        "results/rollouts/base_train.parquet, results/labels/sft_train_episodes.parquet) for variants "
+                        "with acceptance_examples")
     parser.add_argument("--validation-fraction", type=float, default=0.3,
                         help="train instances held out when the labels have no validation-split rows")
     parser.add_argument("--instances", type=int, default=6, help="train instances per game (labels)")
@@ -92,7 +95,7 @@ def main() -> None:
         folder = args.workdir / name
         # a variant that fails the quality gate is a result here, not an error
         metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"),
-                                sft_adapter=args.sft_adapter, on_failure="continue")
+                                sft_adapter=args.sft_adapter, on_failure="continue", episode_paths=args.episodes)
         results[name] = metrics
     first = next(iter(results.values()))
     ranking, side = first["ranking"], first["ranking"]["side"]

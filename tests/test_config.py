@@ -58,11 +58,12 @@ def test_eval_mode_params_hold_only_what_the_mode_plays_by():
     assert "random_of_n" in config["eval"]["modes"] and "prm" not in params["random_of_n"]
     changed = load_config(overrides={"eval": {"bootstrap_samples": 7, "ci": 0.5, "modes": ["greedy_base"],
                                               "beam_width": 3}})
-    assert {mode for mode in MODES if eval_mode_params(changed, mode) != params[mode]} == {"beam_search",
-                                                                                             "beam_search_logprob"}
+    assert {mode for mode in MODES if eval_mode_params(changed, mode) != params[mode]} == {
+        "beam_search", "beam_search_logprob", "beam_search_rule"}
     sampled = load_config(overrides={"eval": {"temperature": 0.3}})
     assert {mode for mode in MODES if eval_mode_params(sampled, mode) != params[mode]} == \
-        {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit", "best_of_n_logprob", "beam_search_logprob"}
+        {"random_of_n", "best_of_n", "beam_search", "best_of_n_implicit", "best_of_n_logprob", "beam_search_logprob",
+         "best_of_n_lookahead", "best_of_n_rule", "beam_search_rule"}
     assert set(params["self_correct"]) == {"seed", "model", "games", "eval", "score"}
     assert params["best_of_n_implicit"]["rl"]["algorithm"] == "prime" and "prime" in params["best_of_n_implicit"]["rl"]
 
@@ -81,6 +82,20 @@ def test_a_new_mode_is_one_row_of_the_table(monkeypatch):
     assert modes.upstream_outputs(["best_of_n_wide"])[-1] == "results/labels/soft_labels.parquet"
     with pytest.raises(ConfigError, match="eval.modes"):
         load_config(overrides={"eval": {"modes": ["best_of_n_narrow"]}})
+
+
+def test_a_mode_whose_prm_reads_another_input_than_the_prm_is_trained_on_fails_at_parse_time():
+    """The PRM is trained for one input: blind modes show it the candidate, lookahead modes the game's reply too."""
+    with pytest.raises(ConfigError, match=r"'prm.input': eval mode beam_search \(lookahead\) needs a PRM trained on "
+                                          r"'candidate_with_reply', but prm.input is 'candidate'"):
+        load_config(overrides={"eval": {"modes": ["greedy_sft", "beam_search"]}})
+    with pytest.raises(ConfigError, match=r"eval mode best_of_n \(blind\) needs a PRM trained on 'candidate'"):
+        load_config(overrides={"prm": {"input": "candidate_with_reply"}, "eval": {"modes": ["best_of_n"]}})
+    lookahead = load_config(overrides={"prm": {"input": "candidate_with_reply"},
+                                       "eval": {"modes": ["best_of_n_lookahead", "best_of_n_rule", "beam_search",
+                                                          "beam_search_rule", "random_of_n", "best_of_n_logprob"]}})
+    assert lookahead["prm"]["input"] == "candidate_with_reply"
+    assert load_config()["prm"]["input"] == "candidate"   # blind is the default
 
 
 def test_the_old_rl_algorithm_key_fails_naming_its_replacement():

@@ -3,6 +3,9 @@ summary in prm_eval.json and its schema, and the report figures."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import json
 import math
 
@@ -14,6 +17,7 @@ import pytest
 from clemprm import records
 from clemprm.evaluation import evaluate, report
 from clemprm.config import sections
+from clemprm.modes import MODES
 from tests.conftest import binary_search_answer, tiny_config
 from tests.test_search import JUNK, ScriptedPRM
 
@@ -44,16 +48,61 @@ def eval_run(tmp_path_factory, scripted_policy):
     folder = tmp_path_factory.mktemp("eval")
     prm = ScriptedPRM(lambda messages, candidate: 0.1 if candidate == JUNK else 0.5 + 0.4 * ("GUESS: 1" != candidate))
     paths, policies = {}, {}
-    for mode in evaluate.episode_modes():
-        paths[mode] = str(folder / f"{mode}.parquet")
-        policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
-        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
+    with recording_answers() as answers:
+        for mode in evaluate.episode_modes():
+            paths[mode] = str(folder / f"{mode}.parquet")
+            policies[mode] = SeededPolicy(None, name=f"scripted-{mode}")
+            answers.mode = mode
+            evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=policies[mode], prm=prm)
     summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(folder / "prm_eval.json"))
-    return paths, summary, folder / "prm_eval.json", policies
+    return paths, summary, folder / "prm_eval.json", policies, answers
+
+
+class AnswersByTurn(dict):
+    """mode -> (the played game, the answers it had received before) -> how many answers it then received: 1 at
+    every turn when the game saw only the chosen answer."""
+
+    mode = None
+
+
+@contextlib.contextmanager
+def recording_answers():
+    """Every game records every answer it receives: a game started by ``reset`` gets its own key, and its forks
+    (deep copies) keep it, so the answers a search tried in forks count against the game they were tried for."""
+    from clemcore.clemgame.envs.pettingzoo.master import GameMasterEnv
+
+    answers, games = AnswersByTurn(), itertools.count()
+    reset, step = GameMasterEnv.reset, GameMasterEnv.step
+
+    def recording_reset(self, *args, **kwargs):
+        self.recorded_game, self.recorded_answers = next(games), 0
+        return reset(self, *args, **kwargs)
+
+    def recording_step(self, action, *args, **kwargs):
+        counts = answers.setdefault(answers.mode, collections.Counter())
+        counts[(self.recorded_game, self.recorded_answers)] += 1
+        self.recorded_answers += 1
+        return step(self, action, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GameMasterEnv, "reset", recording_reset)
+        patch.setattr(GameMasterEnv, "step", recording_step)
+        yield answers
+
+
+def test_blind_modes_show_the_game_one_answer_per_turn_and_lookahead_modes_more(eval_run):
+    *_, answers = eval_run
+    for mode in evaluate.episode_modes():
+        counts = answers[mode]
+        assert counts, mode
+        if MODES[mode].regime == "blind":
+            assert set(counts.values()) == {1}, mode
+        else:
+            assert max(counts.values()) > 1, mode
 
 
 def test_each_mode_writes_eval_episodes_with_costs(eval_run):
-    paths, summary, _, policies = eval_run
+    paths, summary, _, policies, _ = eval_run
     rows = {mode: records.read_records(path, records.EVAL_EPISODES) for mode, path in paths.items()}
     keys = {mode: [(r["game"], r["experiment"], r["game_id"], r["seed"]) for r in mode_rows]
             for mode, mode_rows in rows.items()}
@@ -99,7 +148,7 @@ def recompute(rows: list[dict]) -> dict:
 
 
 def test_summary_numbers_match_the_episode_files(eval_run):
-    paths, summary, _, _ = eval_run
+    paths, summary, _, _, _ = eval_run
     for mode, path in paths.items():
         rows = records.read_records(path, records.EVAL_EPISODES)
         results = summary["modes"][mode]["results"]
@@ -115,7 +164,28 @@ def test_summary_numbers_match_the_episode_files(eval_run):
     assert diff["percent_played"]["value"] == pytest.approx(
         best["overall"]["percent_played"]["value"] - sft["overall"]["percent_played"]["value"])
     assert set(summary["differences"]) == set(evaluate.baselines())
-    assert set(summary["differences"]["greedy_base"]) == set(evaluate.episode_modes()) - {"greedy_base"}
+    blind = {mode for mode in evaluate.episode_modes() if MODES[mode].regime == "blind"}
+    assert set(summary["differences"]["greedy_base"]) == blind - {"greedy_base"}   # within its regime only
+    assert set(summary["differences"]["beam_search_rule"]) == set(evaluate.episode_modes()) - blind - {
+        "beam_search_rule"}
+    assert {mode: entry["regime"] for mode, entry in summary["modes"].items()} == {
+        mode: MODES[mode].regime for mode in evaluate.episode_modes()}
+
+
+def test_records_made_before_the_regimes_are_read_as_lookahead_with_a_warning(eval_run, tmp_path):
+    """A search's records without the regime mark played their candidates in forks (the only way then)."""
+    paths, *_ = eval_run
+    table = pq.read_table(paths["best_of_n"])
+    provenance = json.loads(table.schema.metadata[b"clemprm"])
+    del provenance["run"]["regime"]
+    old = tmp_path / "best_of_n.parquet"
+    pq.write_table(table.replace_schema_metadata({b"clemprm": json.dumps(provenance).encode()}), old)
+    summary = evaluate.summarize_eval(SETTINGS, [str(old), paths["random_of_n"], paths["greedy_sft"]],
+                                      str(tmp_path / "summary.json"))
+    assert summary["modes"]["best_of_n"]["regime"] == "lookahead"
+    assert summary["modes"]["greedy_sft"]["regime"] == summary["modes"]["random_of_n"]["regime"] == "blind"
+    assert "best_of_n" not in summary["differences"]["random_of_n"]   # never compared with a blind control
+    assert any("no regime mark" in warning and "best_of_n.parquet" in warning for warning in summary["warnings"])
 
 
 def estimates_of(node):
@@ -127,7 +197,7 @@ def estimates_of(node):
 
 
 def test_bootstrap_intervals_are_seeded_and_contain_the_point_estimate(eval_run, tmp_path):
-    paths, summary, _, _ = eval_run
+    paths, summary, _, _, _ = eval_run
     again = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "again.json"))
     assert again["modes"] == summary["modes"] and again["differences"] == summary["differences"]
     other_seed = evaluate.summarize_eval({**SETTINGS, "seed": SETTINGS["seed"] + 1}, list(paths.values()),
@@ -158,7 +228,7 @@ def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_ru
 
     from clemprm.stats import derive_seed
 
-    paths, _, _, _ = eval_run
+    paths, _, _, _, _ = eval_run
     settings = {**SETTINGS, "eval": {**SETTINGS["eval"], "ci": ci}}
     results = evaluate.summarize_eval(settings, [paths["best_of_n"]], str(tmp_path / "summary.json"))[
         "modes"]["best_of_n"]["results"]
@@ -185,7 +255,7 @@ def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_ru
 
 
 def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run):
-    _, summary, _, _ = eval_run
+    _, summary, _, _, _ = eval_run
     diff = summary["differences"]["greedy_sft"]["greedy_base"]   # the same scripted policy plays both
     for group in diff.values():
         for metric in ("percent_played", "quality", "clemscore", "success_rate"):
@@ -196,7 +266,7 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
 
 
 def test_prm_eval_json_validates_against_its_schema(eval_run):
-    _, summary, path, _ = eval_run
+    _, summary, path, _, _ = eval_run
     schema = evaluate.summary_schema()
     written = json.loads(path.read_text())
     jsonschema.validate(written, schema)
@@ -208,7 +278,7 @@ def test_prm_eval_json_validates_against_its_schema(eval_run):
 
 
 def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_path):
-    _, _, summary_path, _ = eval_run
+    _, _, summary_path, _, _ = eval_run
     labels = tmp_path / "soft_labels.parquet"
     pq.write_table(pa.table({"game": ["guessnumber"] * 5 + ["wordref"] * 3,
                              "label": [0.0, 0.25, 0.5, 1.0, 1.0, 0.0, 0.0, 1.0]}), labels)
@@ -268,15 +338,15 @@ def test_the_real_policy_plays_greedy_and_best_of_n(tmp_path, test_cache_dir):
     assert sum(r["prm_pairs"] for r in logprob_rows) == logprob_run["prm"]["stats"]["pairs"] > 0
     scored = {}
     for pairs in prm.calls:
-        for messages, candidate, _ in pairs:
-            scored.setdefault(str(messages), []).append(candidate)
+        for pair in pairs:
+            scored.setdefault(str(pair.perspective), []).append(pair.candidate)
     for row in rows:
         for turn in row["turns"]:
             assert len(turn["response"]) == max(map(len, scored[str(turn["messages"])]))
 
 
 def test_the_summary_refuses_episodes_of_another_split(eval_run, tmp_path):
-    paths, _, _, _ = eval_run
+    paths, _, _, _, _ = eval_run
     other = {**SETTINGS, "eval": {**SETTINGS["eval"], "split": "test"}}
     with pytest.raises(records.RecordFileError, match=r"greedy_base.parquet holds \d+ validation rows .* only test"):
         evaluate.summarize_eval(other, [paths["greedy_base"]], str(tmp_path / "prm_eval.json"))

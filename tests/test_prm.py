@@ -3,6 +3,7 @@ metrics against the baselines, and the scorer (batching, left truncation, a relo
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from clemprm.models import scoring
 from clemprm.stages import prm, prm_metrics
 from clemprm.models.loader import ModelConfig
 from clemprm.play.chat import render_answered
+from clemprm.search import Pair
 from clemprm.training import split_instances
 from tests.conftest import tiny_config
 
@@ -66,8 +68,9 @@ def write_labels(path, rows) -> str:
     return str(path)
 
 
-def pairs_of(rows) -> list[tuple[list[dict], str, str]]:
-    return [(row["prefix"], row["candidate"], row["reply"]) for row in rows]
+def pairs_of(rows) -> list[Pair]:
+    """The rows as a lookahead search gives them to a scorer (the game's reply and verdict included)."""
+    return [Pair(row["prefix"], row["candidate"], row["reply"], row["parse_ok"]) for row in rows]
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +134,91 @@ def test_metric_functions():
     assert prm.effective_grad_accum(batch_size=8, grad_accum=2, n_train=1000) == 2
 
 
+def test_gradient_accumulation_over_processes_is_kept_or_refused_never_changed_silently(monkeypatch):
+    """As SFT: over 2 processes grad_accum 1 cannot keep the effective batch (it would double): refused by key."""
+    from clemprm import distributed
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    with pytest.raises(ValueError, match="prm.grad_accum 1 is not a multiple of the job's 2 processes"):
+        prm.effective_grad_accum(batch_size=8, grad_accum=1, n_train=1000)
+    assert prm.effective_grad_accum(batch_size=8, grad_accum=4, n_train=20) == 2   # capped at 3 batches, even
+    assert prm.effective_grad_accum(batch_size=8, grad_accum=4, n_train=1000) == 4
+
+
+def test_a_prm_trained_at_learning_rate_0_is_not_recorded_as_trained(tmp_path, test_cache_dir):
+    """One optimizer step, all of it warmup: the adapter stays as it was; the stage says so, as SFT does."""
+    from clemprm.checks.run_time import StageFailure, read_failure_marks
+
+    settings = prm_settings(warmup_ratio=0.5, epochs=1, batch_size=64, grad_accum=1, validation_fraction=0.0)
+    labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:24])
+    paths = [str(tmp_path / "adapter"), str(tmp_path / "metrics.json")]
+    with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not train: the learning rate was 0 at every one "
+                                           r"of its 1 optimizer step\(s\): prm.warmup_ratio 0.5"):
+        prm.train_prm(settings, labels, *paths, test_cache_dir)
+    metrics = prm.train_prm(settings, labels, *paths, test_cache_dir, on_failure="continue")
+    assert metrics["status"].startswith("untrained: the learning rate was 0") and metrics["steps"] == 1
+    assert "adapter_not_trained" in [mark["condition"] for mark in read_failure_marks(paths[1])]
+
+
+def played_episodes(tmp_path, scripted_policy) -> str:
+    """Episode records of the built-in games' train and validation instances played by a policy that breaks the
+    rules on every other turn (guessnumber answers a number or nonsense; the others nonsense or a move)."""
+    from clemprm.play.catalog import GameCatalog
+    from clemprm.play.engine import RolloutEngine, Sampling
+    from tests.conftest import binary_search_answer
+
+    def answer(messages):
+        if len(messages) % 4 == 3:
+            return "I have no idea."
+        return binary_search_answer(messages) if "GUESS" in messages[0]["content"] else "ANSWER: apple"
+
+    catalog = GameCatalog(tiny_config()["games"])
+    engine = RolloutEngine(catalog, Sampling(max_new_tokens=16))
+    rows = engine.play(catalog.all_instances("train") + catalog.all_instances("validation"),
+                       [scripted_policy(answer)], repeats=1, base_seed=3, stage="test", policy_name="scripted")
+    path = tmp_path / "episodes.parquet"
+    records.write_records(path, rows, records.EPISODES, {})
+    return str(path)
+
+
+def test_acceptance_examples_are_train_answers_labelled_by_the_game_verdict(trained, tmp_path, scripted_policy):
+    path = played_episodes(tmp_path, scripted_policy)
+    episodes = records.read_records(path, records.EPISODES)
+    verdicts = {(str(t["messages"]), t["response"]): t["parse_ok"] for e in episodes if e["split"] == "train"
+                for t in e["turns"]}
+    assert set(verdicts.values()) == {True, False}
+    tokenizer = trained["scorer"].tokenizer
+    examples = prm.acceptance_examples([path], tokenizer, None, 1024, limit=8, seed=0)
+    assert len(examples) == 8 and sum(e.label for e in examples) == 4   # as many of each verdict as there are
+    verdicts_of = collections.defaultdict(set)   # an answer's verdicts (the same answer in other states)
+    for (_, response), accepted in verdicts.items():
+        verdicts_of[response].add(accepted)
+    for example in examples:   # each is an answer played, labelled as the game judged it
+        text = tokenizer.decode(example.input_ids)
+        response = max((r for r in verdicts_of if text.endswith(f"{r}<|im_end|>\n")), key=len)
+        assert bool(example.label) in verdicts_of[response]
+    validation_keys = {records.instance_key(e["game"], e["experiment"], e["game_id"]) for e in episodes
+                       if e["split"] != "train"}
+    assert not validation_keys & {e.key for e in examples}           # held-out instances never enter it
+    assert [e.input_ids for e in prm.acceptance_examples([path], tokenizer, None, 1024, 8, 0)] == [
+        e.input_ids for e in examples]                                # drawn by the seed alone
+    everything = prm.acceptance_examples([path], tokenizer, None, 1024, limit=10_000, seed=0)
+    assert len(everything) == len(verdicts)
+
+
+def test_acceptance_pretraining_trains_the_prm_before_the_soft_labels(tmp_path, test_cache_dir, scripted_policy):
+    path = played_episodes(tmp_path, scripted_policy)
+    settings = prm_settings(epochs=1, batch_size=8, grad_accum=1, acceptance_examples=16)
+    labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:16])
+    metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir,
+                            on_failure="continue", episode_paths=[path])
+    pretraining = metrics["acceptance_pretraining"]
+    assert pretraining["examples"] == 16 and pretraining["accepted"] == 8 and pretraining["steps"] >= 1
+    assert pretraining["status"] == "trained" and metrics["status"] == "trained"
+    with pytest.raises(ValueError, match="needs the played episodes"):
+        prm.train_prm(settings, labels, str(tmp_path / "a2"), str(tmp_path / "m2.json"), test_cache_dir)
+
+
 def test_corrupt_or_invalid_labels_file_is_an_error_naming_it(tmp_path, test_cache_dir):
     corrupt = tmp_path / "soft_labels.parquet"
     corrupt.write_bytes(b"not a parquet file")
@@ -188,10 +276,13 @@ def test_siblings_are_ranked_by_the_prm_and_the_baselines_on_held_out_prefixes(t
     ranking = metrics["ranking"]
     assert ranking["side"] == "validation" and ranking["prefixes"] == ranking["instances"] > 0
     assert ranking["siblings"] == 2 * ranking["prefixes"] and ranking["pairs_with_different_labels"] > 0
-    assert set(ranking["scorers"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
+    assert set(ranking["scorers"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob",
+                                       "acceptance", "rule"}
+    assert set(ranking["differences"]) == set(ranking["scorers"]) - {"prm"}
     overall = {name: entry["overall"] for name, entry in ranking["scorers"].items()}
     assert overall["prm"]["pairwise_accuracy"]["value"] == 1.0 and overall["prm"]["top1_regret"]["value"] == 0.0
-    for blind in ("constant_mean", "game_mean"):  # ties every sibling: the random pick's expectation
+    # the game accepted every synthetic candidate and none ended a game: what a fork shows ties them too
+    for blind in ("constant_mean", "game_mean", "acceptance", "rule"):  # the random pick's expectation
         assert overall[blind]["pairwise_accuracy"] == {"value": 0.5, "ci_low": 0.5, "ci_high": 0.5}
         assert overall[blind]["top1_regret"]["value"] == pytest.approx(
             (POSITIVE - NEGATIVE) / 2 * overall[blind]["pairs"] / overall[blind]["prefixes"])
@@ -218,7 +309,8 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
     jsonschema.validate(summary, {"$defs": schema["$defs"], "$ref": "#/$defs/prm_summary"})
     assert summary["ranking"]["scorers"] == metrics["ranking"]["scorers"]
     assert summary["instances"] == metrics["examples"]["validation_instances"] == 6
-    assert set(summary["global"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob"}
+    assert set(summary["global"]) == {"prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob",
+                                      "acceptance", "rule"}
     assert summary["global"]["prm"]["auroc"] == metrics["evaluation"]["validation"]["auroc"]
     assert "bce" not in summary["global"]["policy_logprob"]
     assert evaluate.prm_summary({"ranking": None}) is None
@@ -343,8 +435,8 @@ def test_reloaded_adapter_reproduces_the_scores(trained):
 def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     scorer = trained["scorer"]
     pairs = pairs_of(trained["rows"][::3])
-    pairs[0] = (pairs[0][0] + [{"role": "user", "content": "Think hard. " * 20}], pairs[0][1] + " and more",
-                pairs[0][2])
+    pairs[0] = pairs[0]._replace(perspective=pairs[0].perspective + [{"role": "user", "content": "Think hard. " * 20}],
+                                 candidate=pairs[0].candidate + " and more")
     batched = scorer.score(pairs)
     single = prm_model.PRMScorer(scorer.cfg, token_budget=1, tokenizer=scorer.tokenizer, model=scorer.model)
     alone = single.score(pairs)
@@ -353,14 +445,14 @@ def test_scores_do_not_depend_on_batching(trained, test_cache_dir):
     assert single.score(pairs[:1] + pairs[:1])[0] == pytest.approx(alone[0], abs=1e-5)
 
 
-def best_of_n_pairs() -> list[tuple[list[dict], str, str]]:
+def best_of_n_pairs() -> list[Pair]:
     """Prefixes of different lengths with four candidates of different lengths each, a pair alone and a pair twice."""
     pairs = []
     for n, row in enumerate(synthetic_rows()[::7]):
         prefix = row["prefix"] + [{"role": "assistant", "content": "I say river"},
                                   {"role": "user", "content": "Wrong. " * (3 * n) + "Again."}]
-        pairs += [(prefix, f"I say {WORDS[k]}" + f" {MARKER}" * k, f"Reply {k}.") for k in range(4)]
-    return pairs + [(pairs[0][0] + [{"role": "user", "content": "Alone."}], "I say tree", "")] + pairs[:1]
+        pairs += [Pair(prefix, f"I say {WORDS[k]}" + f" {MARKER}" * k, f"Reply {k}.", True) for k in range(4)]
+    return pairs + [Pair(pairs[0][0] + [{"role": "user", "content": "Alone."}], "I say tree", "", True)] + pairs[:1]
 
 
 def test_shared_prefixes_give_the_full_sequence_scores(trained):
@@ -389,8 +481,8 @@ def test_training_on_shared_prefixes_gives_the_full_forward_loss_and_gradients(t
     scorer = trained["scorer"]
     model, tokenizer = scorer.model, scorer.tokenizer
     pairs = best_of_n_pairs()[:9]   # two states of four siblings and a pair alone
-    sequences = [prm_model.encode_pair(tokenizer, prefix, candidate, reply, None, 1024)[0]
-                 for prefix, candidate, reply in pairs]
+    sequences = [prm_model.encode_pair(tokenizer, pair.perspective, pair.candidate, pair.reply, None, 1024)[0]
+                 for pair in pairs]
     input_ids, attention_mask = scoring.pad_right(sequences, tokenizer.pad_token_id)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2])
     labels = torch.tensor([0.0, 1.0, 0.5, 0.0, 0.25, 0.0, 1.0, 0.0, 1.0])
@@ -451,9 +543,31 @@ def test_truncation_keeps_the_end(trained):
     text = tokenizer.decode(ids)
     assert text.endswith(f"{candidate}<|im_end|>\n<|im_start|>user\nReply.<|im_end|>\n")
     assert "number 39" in text and "number 0 " not in text
-    short = prm_model.PRMScorer(scorer.cfg, max_length=64, tokenizer=tokenizer, model=scorer.model)
-    assert short.score([(prefix, candidate, "Reply.")]) == pytest.approx(scorer.score_ids([full[-64:]]), abs=1e-6)
+    short = prm_model.PRMScorer(scorer.cfg, input="candidate_with_reply", max_length=64, tokenizer=tokenizer,
+                                model=scorer.model)
+    assert short.score([Pair(prefix, candidate, "Reply.", True)]) == pytest.approx(scorer.score_ids([full[-64:]]),
+                                                                                   abs=1e-6)
     assert short.stats.truncated == 1
+
+
+def test_a_prm_reads_the_input_it_was_trained_for(trained):
+    """prm.input: candidate (blind) reads the prefix and the candidate, whatever the pair carries; a PRM trained on
+    the game's reply refuses a blind pair, which has none."""
+    scorer = trained["scorer"]
+    rows = synthetic_rows()[:4]
+    for row, reply in zip(rows, ["Wrong, try again.", "Game over: won.", "Higher.", ""]):
+        row["reply"] = reply
+    blind = prm.build_examples(rows, scorer.tokenizer, None, 1024, "candidate")
+    assert all(scorer.tokenizer.decode(e.input_ids).endswith(f"{row['candidate']}<|im_end|>\n")
+               for e, row in zip(blind, rows))
+    reading = prm.build_examples(rows, scorer.tokenizer, None, 1024, "candidate_with_reply")
+    assert scorer.tokenizer.decode(reading[1].input_ids).endswith("Game over: won.<|im_end|>\n")
+    assert scorer.score(pairs_of(rows)) == pytest.approx(scorer.score([Pair(p.perspective, p.candidate)
+                                                                       for p in pairs_of(rows)]), abs=1e-6)
+    with_reply = prm_model.PRMScorer(scorer.cfg, input="candidate_with_reply", tokenizer=scorer.tokenizer,
+                                     model=scorer.model)
+    with pytest.raises(ValueError, match="lookahead pairs only"):
+        with_reply.score([Pair(rows[0]["prefix"], rows[0]["candidate"])])
 
 
 def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path, test_cache_dir):
@@ -552,10 +666,21 @@ def gate_settings(**overrides) -> dict:
     return {"min_spread_ratio": 0.25, "max_mean_gap": 0.05, **overrides}
 
 
-def ranking_of(**accuracy_and_regret) -> dict:
-    """A ranking block with overall pairwise accuracy and top-1 regret per scorer, as ranking_metrics writes it."""
-    return {"scorers": {name: {"overall": {"pairwise_accuracy": {"value": accuracy}, "top1_regret": {"value": regret}}}
-                        for name, (accuracy, regret) in accuracy_and_regret.items()}}
+def ranking_of(width: float = 0.01, **accuracy_and_regret) -> dict:
+    """A ranking block as ranking_metrics writes it: overall pairwise accuracy and top-1 regret per scorer, and the
+    PRM's paired difference to each other scorer, every interval ``width`` either side of its value."""
+    def estimate(value):
+        return {"value": value, "ci_low": None if value is None else value - width,
+                "ci_high": None if value is None else value + width}
+
+    prm_values = accuracy_and_regret["prm"]
+    scorers = {name: {"overall": {"pairwise_accuracy": estimate(accuracy), "top1_regret": estimate(regret)}}
+               for name, (accuracy, regret) in accuracy_and_regret.items()}
+    differences = {name: {"overall": {metric: estimate(None if own is None or value is None else own - value)
+                                      for metric, own, value in (("pairwise_accuracy", prm_values[0], accuracy),
+                                                                 ("top1_regret", prm_values[1], regret))}}
+                   for name, (accuracy, regret) in accuracy_and_regret.items() if name != "prm"}
+    return {"scorers": scorers, "differences": differences}
 
 
 def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_baseline():
@@ -566,7 +691,8 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
     assert gate["status"] == "failed" and not any(check["passed"] for check in gate["checks"])
     by_check = {check["check"]: check for check in gate["checks"]}
     assert by_check["spread"]["value"] == pytest.approx(0.05)
-    assert by_check["pairwise_accuracy"]["baseline"] == "candidate_length" and "0.680" in by_check["pairwise_accuracy"]["message"]
+    assert by_check["pairwise_accuracy"]["baseline"] == "candidate_length"
+    assert "candidate_length 0.680" in by_check["pairwise_accuracy"]["message"]
     assert by_check["top1_regret"]["baseline"] == "candidate_length"
     learned = prm_metrics.quality_gate({**held_out, "mean_prediction": 0.1, "std_prediction": 0.15},
                                        ranking_of(prm=(0.7, 0.05), candidate_length=(0.68, 0.087),
@@ -579,6 +705,61 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
     assert nothing == {"status": "not_measured", "checks": [], "not_measured": nothing["not_measured"]}
     assert len(nothing["not_measured"]) == 3
     assert "FAIL spread" in prm_metrics.gate_lines(gate)
+
+
+def test_beating_a_baseline_means_the_paired_interval_clears_zero():
+    held_out = {"mean_label": 0.1, "mean_prediction": 0.1, "std_label": 0.2, "std_prediction": 0.15}
+    scores = {"prm": (0.70, 0.05), "candidate_length": (0.68, 0.087), "constant_mean": (0.5, 0.137)}
+    assert prm_metrics.quality_gate(held_out, ranking_of(0.01, **scores), gate_settings())["status"] == "passed"
+    lucky = prm_metrics.quality_gate(held_out, ranking_of(0.05, **scores), gate_settings())   # ahead by 0.02 +- 0.05
+    failed = {c["check"]: c for c in lucky["checks"] if not c["passed"]}
+    assert set(failed) == {"pairwise_accuracy", "top1_regret"}
+    assert {check["baseline"] for check in failed.values()} == {"candidate_length"}
+    assert "not clearly better than candidate_length" in failed["pairwise_accuracy"]["message"]
+
+
+def test_a_prm_that_reads_the_game_reply_must_beat_the_rule_reading_it():
+    held_out = {"mean_label": 0.1, "mean_prediction": 0.1, "std_label": 0.2, "std_prediction": 0.15}
+    ranking = ranking_of(prm=(0.765, 0.037), candidate_length=(0.676, 0.087), policy_logprob=(0.447, 0.13),
+                         constant_mean=(0.5, 0.137), rule=(0.812, 0.036))
+    assert prm_metrics.quality_gate(held_out, ranking, gate_settings(), "candidate")["status"] == "passed"
+    reading = prm_metrics.quality_gate(held_out, ranking, gate_settings(), "candidate_with_reply")
+    assert reading["status"] == "failed"
+    assert {c["baseline"] for c in reading["checks"] if not c["passed"]} == {"rule"}
+
+
+def test_a_diverged_prm_fails_the_gate_by_name():
+    gate = prm_metrics.quality_gate(None, None, gate_settings(), nonfinite={"train": 4, "heldout": 2})
+    assert gate["status"] == "failed" and [c["check"] for c in gate["checks"]] == ["finite"]
+    assert "6 predictions are not finite" in gate["checks"][0]["message"] and "prm.lr" in gate["checks"][0]["message"]
+
+
+def test_a_random_prm_on_random_labels_rarely_passes_the_ranking_checks():
+    """The simulation of the issue: 40 states of 4 siblings with random labels and a random PRM. Compared on point
+    estimates the random PRM often beats every baseline; on paired intervals it almost never does."""
+    import random
+
+    def draw(seed):
+        rng = random.Random(seed)
+        examples = [prm.Example([1], False, rng.choice([0.0, 0.25, 0.5, 1.0]), ("g", "e", str(state // 2)),
+                                state_id=str(state), row=4 * state + j) for state in range(40) for j in range(4)]
+        scorers = {"prm": [rng.random() for _ in examples], "candidate_length": [rng.random() for _ in examples],
+                   "policy_logprob": [rng.random() for _ in examples], "constant_mean": [0.0] * len(examples)}
+        return prm_metrics.ranking_metrics(examples, scorers, 200, seed, 0.95)
+
+    held_out = {"mean_label": 0.4, "mean_prediction": 0.4, "std_label": 0.3, "std_prediction": 0.3}
+    rankings = [draw(seed) for seed in range(30)]
+    passed = [prm_metrics.quality_gate(held_out, ranking, gate_settings())["status"] == "passed"
+              for ranking in rankings]
+    ahead_on_points = [all(r["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] >
+                           r["scorers"][name]["overall"]["pairwise_accuracy"]["value"]
+                           for name in ("candidate_length", "policy_logprob")) for r in rankings]
+    assert sum(passed) <= 1 < sum(ahead_on_points)
+    differences = rankings[0]["differences"]
+    assert set(differences) == {"candidate_length", "policy_logprob", "constant_mean"}
+    point = rankings[0]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] - rankings[0]["scorers"][
+        "candidate_length"]["overall"]["pairwise_accuracy"]["value"]
+    assert differences["candidate_length"]["overall"]["pairwise_accuracy"]["value"] == pytest.approx(point)
 
 
 def test_balanced_label_weights_give_each_class_half_of_the_loss():
@@ -614,7 +795,7 @@ def test_a_prm_that_learned_nothing_stops_the_stage_naming_the_metric_and_the_ba
 
     tmp, settings, labels = untrained_prm
     with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not pass its quality gate: spread: .*"
-                                           r"pairwise_accuracy: .* of the best baseline, \w+"):
+                                           r"pairwise_accuracy: .* not clearly better than \w+"):
         prm.train_prm(settings, labels, str(tmp / "stop-adapter"), str(tmp / "stop.json"), test_cache_dir)
     assert not (tmp / "stop-adapter").exists() and not (tmp / "stop.json").exists()
 

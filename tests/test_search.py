@@ -1,4 +1,5 @@
-"""PRM-guided search on real built-in games: best-of-N and beam search with scripted policies and a scripted PRM."""
+"""PRM-guided search on real built-in games: best-of-N (blind and lookahead) and beam search with scripted policies
+and a scripted PRM, and the controls (random, rule, log-probability)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.stats import derive_seed
-from clemprm.search import RandomScorer
+from clemprm.search import Pair, RandomScorer, RuleScorer
 from clemprm.search.beam_search import Beam, beam_search
 from clemprm.search.best_of_n import best_of_n
 from tests.conftest import binary_search_answer, tiny_config
@@ -19,16 +20,16 @@ JUNK = "I have no idea."
 
 
 class ScriptedPRM:
-    """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)`` (the game's
-    reply aside); every call is recorded."""
+    """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)`` (what a
+    fork shows aside); every call is recorded."""
 
     def __init__(self, value):
         self.value = value
-        self.calls: list[list[tuple]] = []
+        self.calls: list[list[Pair]] = []
 
     def score(self, pairs):
         self.calls.append(list(pairs))
-        return [self.value(messages, candidate) for messages, candidate, _ in pairs]
+        return [self.value(pair.perspective, pair.candidate) for pair in pairs]
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,9 @@ def test_best_of_n_plays_the_candidate_the_prm_prefers(catalog, seeded_policy):
     assert all(row["success"] for row in rows)
     scored = {}
     for pairs in prm.calls:
-        for messages, candidate, _ in pairs:
-            scored.setdefault(str(messages), set()).add(candidate)
+        for pair in pairs:
+            assert pair.reply is None and pair.accepted is None   # blind: no game saw the candidate
+            scored.setdefault(str(pair.perspective), set()).add(pair.candidate)
     assert any(JUNK in candidates for candidates in scored.values())  # the PRM had to choose
     for row in rows:
         for turn in row["turns"]:
@@ -93,6 +95,45 @@ def test_best_of_n_plays_the_candidate_the_prm_prefers(catalog, seeded_policy):
 
     rows, _, _ = run(lambda messages: JUNK)  # a PRM that prefers breaking the rules gets aborted games
     assert all(row["aborted"] for row in rows)
+
+
+def test_lookahead_best_of_n_reads_each_fork_and_the_rule_control_picks_what_the_game_accepts(catalog,
+                                                                                              seeded_policy):
+    """Lookahead: every candidate is played in a fork and the scorer sees the game's reply and verdict; the rule
+    control (no model) then plays the winning or accepted answer, where the same search ranked blind at random
+    cannot tell them apart."""
+    instances = catalog.instances("guessnumber", "validation")
+
+    def answer(messages, seed):  # half of the samples play perfectly, half break the rules
+        return binary_search_answer(messages) if seed % 2 else JUNK
+
+    engine = RolloutEngine(catalog, SAMPLING)
+    episodes = start(engine, instances, seeded_policy(answer))
+    seen = []
+
+    class Recording(RuleScorer):
+        def score(self, pairs):
+            seen.extend(pairs)
+            return super().score(pairs)
+
+    costs = best_of_n(engine, episodes, Recording(), 8, SAMPLING, lookahead=True)
+    rows = [episode.record("p", SAMPLING) for episode in episodes]
+    assert all(row["success"] for row in rows)   # the rule never plays a rejected answer when another was accepted
+    assert {pair.accepted for pair in seen} == {True, False}
+    assert all(pair.reply for pair in seen) and any(pair.reply == "Game over: won." for pair in seen)
+    assert all(pair.accepted is False for pair in seen if pair.candidate == JUNK)
+    assert [cost.nodes for cost in costs] == [8 * row["n_turns"] for row in rows]
+    assert all(cost.prm_pairs > 0 for cost in costs)
+
+
+def test_rule_scorer_reads_the_game_verdict_then_acceptance_and_refuses_blind_pairs():
+    messages = [{"role": "user", "content": "Guess."}]
+    pairs = [Pair(messages, "a", "Game over: won.", True), Pair(messages, "b", "Game over: lost.", True),
+             Pair(messages, "c", "Game over: aborted.", False), Pair(messages, "d", "Higher.", True),
+             Pair(messages, "e", "Invalid answer. Try again.", False)]
+    assert RuleScorer().score(pairs) == [1.0, 0.1, 0.0, 0.5, 0.2]
+    with pytest.raises(ValueError, match="lookahead"):
+        RuleScorer().score([Pair(messages, "a")])
 
 
 def test_best_of_n_one_generate_call_and_one_prm_call_per_step_across_games(catalog, seeded_policy):
@@ -151,7 +192,7 @@ def test_beam_search_prefers_any_finished_game_over_a_better_scored_unfinished_o
     engine = RolloutEngine(catalog, SAMPLING)
     (chosen,), _ = beam_search(engine, start(engine, [instance], policy), prm, n=8, beam_width=1, iterations=1,
                                sampling=SAMPLING)
-    assert {candidate for pairs in prm.calls for _, candidate, _ in pairs} == {f"GUESS: {target}", f"GUESS: {wrong}"}
+    assert {pair.candidate for pairs in prm.calls for pair in pairs} == {f"GUESS: {target}", f"GUESS: {wrong}"}
     row = chosen.record("p", SAMPLING)
     assert row["success"] and row["n_turns"] == 1
 
@@ -166,18 +207,22 @@ def test_beam_scores_aggregate_last_min_or_prod():
     beam = Beam(episode=None, step_scores=[0.5, 0.9, 0.8])
     assert beam.score("last") == 0.8 and beam.score("min") == 0.5 and beam.score("prod") == pytest.approx(0.36)
     assert Beam(episode=None).score("last") == -math.inf
+    # log-probabilities: prod is the product of the probabilities they stand for, so the likelier path ranks first
+    likely, unlikely = Beam(None, step_scores=[-0.1, -0.1]), Beam(None, step_scores=[-0.5, -2.0])
+    assert likely.score("prod", log_scale=True) > unlikely.score("prod", log_scale=True)
+    assert likely.score("prod", log_scale=True) == pytest.approx(math.log(math.exp(-0.1) ** 2))
     with pytest.raises(ValueError, match="aggregation"):
         beam_search(None, [], None, n=1, beam_width=1, iterations=1, sampling=SAMPLING, aggregation="mean")
 
 
 def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
     messages = [{"role": "user", "content": "Which word does not belong?"}]
-    pairs = [(messages, f"ANSWER: {i}", "Wrong.") for i in range(400)]
+    pairs = [Pair(messages, f"ANSWER: {i}", "Wrong.", False) for i in range(400)]
     scores = RandomScorer(0).score(pairs)
     assert scores == RandomScorer(0).score(pairs) and scores != RandomScorer(1).score(pairs)
     assert RandomScorer(0).score(pairs[::-1]) == scores[::-1]          # no dependence on the batch
     assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
-    other = [([{"role": "user", "content": "Another game"}], candidate, reply) for _, candidate, reply in pairs[:50]]
+    other = [Pair([{"role": "user", "content": "Another game"}], pair.candidate) for pair in pairs[:50]]
     assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too
 
 
@@ -194,13 +239,13 @@ def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_
 
     short = [{"role": "user", "content": "Guess a number."}]
     long = [{"role": "user", "content": "Name the odd word out: apple, pear, plum, chair. Answer with one word."}]
-    pairs = [(short, "GUESS: 5", "Higher."), (long, "ANSWER: chair", "Game over: won."), (short, "GUESS: 12 please", ""),
-             (long, "pear", "Invalid answer."), (short, "", "")]
+    pairs = [Pair(short, "GUESS: 5", "Higher.", True), Pair(long, "ANSWER: chair"), Pair(short, "GUESS: 12 please"),
+             Pair(long, "pear", "Invalid answer.", False), Pair(short, "")]
     scorer = LogprobScorer(tiny_policy)
     scores = scorer.score(pairs)
     assert scorer.stats.shared_tokens > 0   # the candidates of one prompt passed it once (checked equal below)
     tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
-    for (prefix, candidate, _), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
+    for (prefix, candidate, _, _), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
         prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
         answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         with torch.inference_mode():
@@ -245,8 +290,8 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
 
     class RecordingPRM:  # the trained scorer, recording what it was asked
         def score(self, pairs):
-            for messages, candidate, _ in pairs:
-                proposed.setdefault(str(messages), set()).add(candidate)
+            for pair in pairs:
+                proposed.setdefault(str(pair.perspective), set()).add(pair.candidate)
             return scorer.score(pairs)
 
     best_of_n(engine, episodes, RecordingPRM(), 12, SAMPLING)

@@ -28,7 +28,7 @@ from tests.conftest import CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
-EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "greedy_rl_grpo",
+EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "greedy_rl_grpo",
               "greedy_rl_prime"}
 RL_ALGORITHMS = ("grpo", "prime")   # the default rl.algorithms
 DEFAULT_EVAL_MODES = load_config()["eval"]["modes"]
@@ -319,18 +319,17 @@ RERUNS = {
             {"base_rollouts", "win_filter", "greedy_base"}),
     "labels": ({"labels": {"k": 3}}, {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"},
                {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}),
-    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "beam_search", "eval_summary", "merge"},
-            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n"}),
-    # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key beam_search
+    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "eval_summary", "merge"},
+            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n_logprob"}),
+    # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key no mode here
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
-             {"beam_search", "eval_summary", "eval_report_figures", "eval_transcripts", "self_correction_figure",
-              "all"}, None),
+             {"eval_summary", "eval_report_figures", "eval_transcripts", "self_correction_figure", "all"}, None),
     # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
     "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "eval_summary"},
-           set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search"}),
+           set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob"}),
     # score.* reruns SCoRe, its eval mode, the summary and the figures after it; no other stage or mode
     "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
-              set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "beam_search", "rl_adapter",
+              set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "rl_adapter",
                                "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),

@@ -1,11 +1,15 @@
 """PRM-guided evaluation: each mode plays the eval split; one summary with bootstrap CIs (``results/prm_eval.json``).
 
-A mode is one row of :data:`clemprm.modes.MODES` (the policy it plays, its search and the scorer ranking the
-search's candidates); each writes ``results/eval/<mode>.parquet`` (rows of :data:`clemprm.records.EVAL_EPISODES`).
-``random_of_n`` plays ``best_of_n``'s very candidates (same seeds) and picks one at random: the control that tells
-what a ranking adds to sampling N answers; the ``*_logprob`` modes rank by the policy's own mean token
-log-probability (:mod:`clemprm.models.logprob`), the PRM-free pick a PRM must beat; ``self_correct`` (SCoRe's two
-attempts, :mod:`clemprm.rl.self_correction`) is summarized apart, as ``self_correction``.
+A mode is one row of :data:`clemprm.modes.MODES` (the policy it plays, its search, the scorer ranking the
+search's candidates and its regime); each writes ``results/eval/<mode>.parquet`` (rows of
+:data:`clemprm.records.EVAL_EPISODES`, its regime in the file's provenance). Blind modes (the default) show the game
+one answer per turn; lookahead modes play every candidate in a fork first (:mod:`clemprm.search`) and are compared
+only with lookahead controls. ``random_of_n`` samples ``best_of_n``'s candidates (same seeds) and picks one at
+random: the control that tells what a ranking adds to sampling N answers; the ``*_logprob`` modes rank by the
+policy's own mean token log-probability (:mod:`clemprm.models.logprob`), the PRM-free pick a PRM must beat; the
+``*_rule`` modes rank what a fork shows by a rule with no model (:class:`clemprm.search.RuleScorer`), the control
+of a lookahead search; ``self_correct`` (SCoRe's two attempts, :mod:`clemprm.rl.self_correction`) is summarized
+apart, as ``self_correction``.
 
 All modes play the same instances with the same episode seeds, so they pair by instance
 ``(game, experiment, game_id)``.
@@ -15,9 +19,10 @@ episodes), clemscore and success rate. Overall is clembench's macro average: % p
 rate are averaged over games (a game without a played episode has no quality and is left out of that mean),
 clemscore = overall % played / 100 x overall quality (0 when nothing was played). Confidence intervals are
 percentile bootstrap intervals over *instances*, resampled within each game (every game keeps its size; all
-episodes of a drawn instance come along). Differences of every mode to the baselines of the table (``greedy_sft``,
-``greedy_base``, ``random_of_n``, ``best_of_n_logprob``, ``greedy_rl_grpo``: PRIME's policy is compared with GRPO's) use
-paired draws: the same resampled instances for both modes. Draws are seeded per game from ``seed``.
+episodes of a drawn instance come along). Differences of every mode to the baselines of its regime (blind:
+``greedy_sft``, ``greedy_base``, ``random_of_n``, ``best_of_n_logprob``, ``greedy_rl_grpo``: PRIME's policy is compared
+with GRPO's; lookahead: ``best_of_n_rule``, ``beam_search_rule``, ``beam_search_logprob``) use paired draws: the same
+resampled instances for both modes. Draws are seeded per game from ``seed``.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from clemprm.modes import MODES, SELF_CORRECT, EvalMode
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.play.engine import Episode, RolloutEngine, Sampling
-from clemprm.search import RandomScorer, SearchCost, greedy_cost
+from clemprm.search import RandomScorer, RuleScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
 from clemprm.stages.rollouts import summarize
@@ -66,10 +71,11 @@ def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
     if mode.search == "best_of_n":
-        costs = best_of_n(engine, episodes, scorer, eval_settings["n"], engine.sampling, label=mode.name)
-        if mode.scorer == "random":
+        costs = best_of_n(engine, episodes, scorer, eval_settings["n"], engine.sampling, label=mode.name,
+                          lookahead=mode.regime == "lookahead")
+        if mode.scorer in MODEL_FREE_SCORERS:
             for cost in costs:
-                cost.prm_pairs = 0  # a random pick scores nothing
+                cost.prm_pairs = 0  # a random pick or a rule scores with no model
         return episodes, costs
     if mode.search == "beam_search":
         return beam_search(engine, episodes, scorer, n=eval_settings["n"], beam_width=eval_settings["beam_width"],
@@ -77,6 +83,9 @@ def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer,
                            aggregation=eval_settings["aggregation"], label=mode.name)
     engine.run(episodes, label=mode.name)
     return episodes, [greedy_cost(episode) for episode in episodes]
+
+
+MODEL_FREE_SCORERS = ("random", "rule")   # controls that score with no model
 
 
 def required_input(mode: EvalMode, inputs: dict, name: str) -> str:
@@ -102,12 +111,17 @@ def load_mode_scorer(mode: EvalMode, settings: dict, inputs: dict, policy, cache
     """``(scorer, its adapter)`` ranking ``mode``'s candidates (None for greedy play)."""
     if mode.scorer == "random":
         return RandomScorer(settings["seed"]), None
+    if mode.scorer == "rule":
+        return RuleScorer(), None
     if mode.scorer == "logprob":
         return LogprobScorer(policy), None
     if mode.scorer == "prm":
         from clemprm.models.prm import load_prm
 
         adapter = required_input(mode, inputs, "prm_adapter")
+        if settings["prm"]["input"] != mode.prm_input:
+            raise ValueError(f"eval mode {mode.name} ({mode.regime}) needs a PRM trained on '{mode.prm_input}', but "
+                             f"prm.input is '{settings['prm']['input']}'")
         return load_prm(settings["model"], settings["prm"], adapter, cache_dir), adapter
     if mode.scorer == "implicit":
         from clemprm.rl.implicit_scorer import load_implicit_prm
@@ -127,9 +141,10 @@ def stats_dict(stats) -> dict | None:
 
 
 def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) -> dict:
-    """What the summary reports of a mode's run: wall seconds of play, the policy and the PRM with their counters."""
+    """What the summary reports of a mode's run: its regime, wall seconds of play, the policy and the PRM with their
+    counters."""
     cfg = getattr(policy, "cfg", None)
-    return {"mode": mode, "wall_seconds": round(seconds, 3),
+    return {"mode": mode, "regime": MODES[mode].regime, "wall_seconds": round(seconds, 3),
             "policy": {"name": policy.name, "spec": getattr(cfg, "spec", None),
                        "adapter": getattr(cfg, "adapter", None), "stats": stats_dict(getattr(policy, "stats", None))},
             "prm": None if prm is None else {"adapter": prm_adapter, "stats": stats_dict(getattr(prm, "stats", None))}}
@@ -163,7 +178,7 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     policy = policy or load_mode_policy(mode, settings, inputs, cache_dir)
-    if prm is not None and mode.scorer not in (None, "random"):
+    if prm is not None and mode.scorer not in (None, *MODEL_FREE_SCORERS):
         scorer, scorer_adapter = prm, inputs.get("prm_adapter")
     else:
         scorer, scorer_adapter = load_mode_scorer(mode, settings, inputs, policy, cache_dir)
@@ -171,7 +186,7 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     log.info("eval %s: %d %s instances x %d episodes, policy %s", name, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
     start = time.perf_counter()
-    run_dir, infos = run_dir_name(policy.name, name), model_infos(policy, engine.sampling)
+    run_dir, infos = run_dir_name(policy.name, name, mode.regime), model_infos(policy, engine.sampling)
     repeats = eval_settings["episodes_per_instance"]
 
     def play_share(share: list) -> list[list[tuple[dict, dict | None]]]:
@@ -191,13 +206,13 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds,
              summarize(rows) if rows else "(no episode)")
     marks = split_marks + check_episodes(f"eval {name}", rows, on_failure)
-    run = run_info(name, seconds, policy, None if mode.scorer == "random" else scorer, scorer_adapter)
+    run = run_info(name, seconds, policy, None if mode.scorer in MODEL_FREE_SCORERS else scorer, scorer_adapter)
     records.write_records(output, rows, records.EVAL_EPISODES,
                           {**provenance(settings), "run": run, **marks_metadata(marks)})
     log.info("eval %s -> %s", name, output)
     if clembench_dir is not None:
         tree = write_results_tree(clembench_dir, run_dir, [entry for _, entry in played], infos=infos,
-                                  info={"mode": name, "split": eval_settings["split"],
+                                  info={"mode": name, "regime": mode.regime, "split": eval_settings["split"],
                                         "wall_seconds": run["wall_seconds"]})
         log.info("eval %s -> %s (clembench results tree)", name, tree)
     return rows
@@ -276,7 +291,7 @@ def mode_cost(rows: list[dict], run: dict) -> dict:
             "wall_seconds": run.get("wall_seconds")}
 
 
-RANKING_SCORERS = ("prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob")
+RANKING_SCORERS = ("prm", "constant_mean", "game_mean", "candidate_length", "policy_logprob", "acceptance", "rule")
 GLOBAL_KEYS = ("n", "bce", "mse", "pearson", "spearman", "auroc")
 
 
@@ -294,7 +309,8 @@ def prm_summary(prm_metrics: dict) -> dict | None:
     side = ranking.get("side", "validation")
     blocks = {"prm": (prm_metrics.get("evaluation") or {}).get(side),
               **{name: (entry or {}).get(side) for name, entry in (prm_metrics.get("baselines") or {}).items()}}
-    return {"side": side, "instances": (prm_metrics.get("examples") or {}).get(f"{side}_instances"),
+    return {"side": side, "input": prm_metrics.get("input"),
+            "instances": (prm_metrics.get("examples") or {}).get(f"{side}_instances"),
             "loss": prm_metrics.get("loss"), "pairwise_weight": prm_metrics.get("pairwise_weight"),
             "gate": prm_metrics.get("gate"),
             "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
@@ -322,6 +338,20 @@ def summary_schema() -> dict:
     return schema
 
 
+def file_regime(path: str, run: dict) -> tuple[str, str | None]:
+    """The regime a mode's records were played in (their provenance's ``run.regime``), and a warning for records
+    made before the blind/lookahead split: they carry no mark and every search then played its candidates in forks,
+    so they are read as lookahead."""
+    if run.get("regime") is not None:
+        return run["regime"], None
+    mode = run.get("mode") or Path(path).stem
+    if mode in MODES and MODES[mode].search == "greedy":
+        return "blind", None   # greedy play answered once per turn before the split too
+    return "lookahead", (f"{path} has no regime mark (made before blind and lookahead search were told apart): read "
+                         f"as lookahead, its candidates played in forks; remake it (snakemake --forcerun eval_mode) "
+                         f"for a blind figure")
+
+
 def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = (),
                    prm_metrics_path: str | None = None) -> dict:
     """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema).
@@ -332,12 +362,14 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
     metrics, whose held-out ranking and global metrics the summary repeats (:func:`prm_summary`)."""
     eval_settings = settings["eval"]
     samples, ci, seed = eval_settings["bootstrap_samples"], eval_settings["ci"], settings["seed"]
-    runs = {}
+    runs, regimes, legacy = {}, {}, []
     for path in mode_paths:
         run = records.read_provenance(path).get("run", {})
         mode = run.get("mode") or Path(path).stem
         schema = records.SELF_CORRECT_EPISODES if mode == SELF_CORRECT else records.EVAL_EPISODES
         runs[mode] = (records.read_records(path, schema, splits=(eval_settings["split"],)), run)
+        regimes[mode], warning = file_regime(path, run)
+        legacy += [warning] if warning else []
     self_correct = runs.pop(SELF_CORRECT, None)   # attempt pairs of two policies: its own entry
     prm_metrics = json.loads(Path(prm_metrics_path).read_text()) if prm_metrics_path is not None else None
     # in pipeline order: the earlier stages, the PRM (its quality gate), then the modes
@@ -349,15 +381,17 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
         "split": eval_settings["split"],
         "bootstrap": {"samples": samples, "ci": ci, "seed": seed, "unit": "instance (game, experiment, game_id)",
                       "resampling": "within each game", "interval": "percentile"},
-        "modes": {mode: {"policy": run.get("policy"), "prm": run.get("prm"), "cost": mode_cost(rows, run),
+        "modes": {mode: {"regime": regimes[mode], "policy": run.get("policy"), "prm": run.get("prm"),
+                         "cost": mode_cost(rows, run),
                          "results": mode_estimates(tables[mode], samples, seed, ci, rows) if mode in tables else {},
                          **({"prm_gate": gate.get("status")} if MODES[mode].scorer == "prm" else {})}
                   for mode, (rows, run) in runs.items()},
         # on_failure: continue let these stages go on despite a fail-fast condition (in pipeline order)
         "upstream_warnings": marks,
-        "warnings": [mark["message"] for mark in marks],
+        "warnings": [mark["message"] for mark in marks] + legacy,
+        # each mode against the controls of its own regime: a lookahead search is never compared with a blind one
         "differences": {baseline: {mode: difference(tables[mode], tables[baseline], samples, seed, ci)
-                                   for mode in tables if mode != baseline}
+                                   for mode in tables if mode != baseline and regimes[mode] == regimes[baseline]}
                         for baseline in baselines() if baseline in tables},
         **provenance(settings),
     }
@@ -392,7 +426,7 @@ def summary_lines(summary: dict) -> str:
     for mode, entry in summary["modes"].items():
         overall = entry["results"].get(OVERALL)
         if overall:
-            lines.append(f"{mode}: {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
+            lines.append(f"{mode} ({entry.get('regime', 'lookahead')}): {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
                          f"quality {show(overall['quality'])}, clemscore {show(overall['clemscore'])}, "
                          f"success {show(overall['success_rate'])}, failed episodes {overall.get('errors', 0)}; "
                          f"cost {entry['cost']}"

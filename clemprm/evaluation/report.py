@@ -97,7 +97,10 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
             errors = [[max(0.0, v - _number(e.get("ci_low"))) for v, e in zip(values, estimates)],
                       [max(0.0, _number(e.get("ci_high")) - v) for v, e in zip(values, estimates)]]
             positions = [g + (m - (len(modes) - 1) / 2) * width for g in range(len(groups))]
-            ax.bar(positions, values, width, yerr=errors, capsize=3, label=mode)
+            regime = entries[mode].get("regime", "lookahead")
+            blind = regime == "blind"
+            ax.bar(positions, values, width, yerr=errors, capsize=3, label=mode if blind else f"{mode} (lookahead)",
+                   hatch=None if blind else "//")
             drawn["modes"][mode][metric] = {"values": values, "errors": errors}
         ax.set_xticks(range(len(groups)), groups)
         ax.set_ylabel(title)

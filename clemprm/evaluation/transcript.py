@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 GAME_MASTER = "Game Master"
 # what a search's scores are, by the scorer of its mode (clemprm.modes.EvalMode.scorer)
 SCORER_NAMES = {"prm": "the PRM's P(success)", "logprob": "the policy's mean token log-probability",
-                "random": "a random score (the control: the pick is random)", "implicit": "PRIME's implicit PRM"}
+                "random": "a random score (the control: the pick is random)", "implicit": "PRIME's implicit PRM",
+                "rule": "the rule reading each candidate's fork with no model (the control of a lookahead search)"}
 STYLE = """body { font-family: sans-serif; max-width: 60em; margin: 1em auto; }
 pre { white-space: pre-wrap; margin: 0.2em 0; font-family: monospace; }
 .message { border-radius: 6px; padding: 0.4em 0.8em; margin: 0.5em 0; }
@@ -89,7 +90,9 @@ def outcome_line(row: dict) -> str:
 
 def heading(row: dict) -> str:
     """The episode id, with its mode and policy where the row has them."""
-    details = ([f"mode {row['mode']}"] if row.get("mode") else []) + [f"policy {row['policy']}"]
+    mode = MODES.get(row.get("mode"))
+    details = ([f"mode {row['mode']}" + (" (lookahead: candidates played in forks)" if mode and mode.regime ==
+                                         "lookahead" else "")] if row.get("mode") else []) + [f"policy {row['policy']}"]
     return f"{row['episode_id']} ({', '.join(details)})"
 
 

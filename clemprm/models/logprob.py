@@ -93,14 +93,17 @@ class LogprobScorer:
     """A scorer for :mod:`clemprm.search` (``score(pairs)``) that ranks candidates by :func:`mean_logprobs`
     of ``policy``: the ``best_of_n_logprob`` and ``beam_search_logprob`` eval modes."""
 
+    log_scale = True   # scores are log-probabilities: beam search's ``prod`` adds them (clemprm.search.beam_search)
+
     def __init__(self, policy):
         self.policy = policy
         self.stats = ScorerStats()
 
-    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
-        """The policy's mean log-probability of each candidate after its prefix (the game's reply plays no part)."""
+    def score(self, pairs: list) -> list[float]:
+        """The policy's mean log-probability of each candidate after its perspective (:class:`clemprm.search.Pair`;
+        what a fork shows plays no part)."""
         start = time.perf_counter()
-        scores = mean_logprobs(self.policy, [(prefix, candidate) for prefix, candidate, _ in pairs], self.stats)
+        scores = mean_logprobs(self.policy, [(pair.perspective, pair.candidate) for pair in pairs], self.stats)
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.seconds += time.perf_counter() - start

@@ -1,5 +1,6 @@
-"""The process reward model as a scorer: :class:`PRMScorer` gives P(success) of ``(prefix messages, candidate, the
-game's reply)``.
+"""The process reward model as a scorer: :class:`PRMScorer` gives P(success | prefix messages + candidate), or, for a
+PRM trained on what a fork shows (``prm.input: candidate_with_reply``, lookahead only), P(success | prefix + candidate
++ the game's reply to it).
 
 Model
     ``AutoModelForSequenceClassification(num_labels=1)`` on ``prm.base_model`` (null: the policy's ``model.spec``),
@@ -8,12 +9,13 @@ Model
     ``sigmoid(logit)``. The policy's own ``model.adapter`` never applies to the PRM.
 
 Text of a pair
-    One function, :func:`encode_pair`, for training and scoring: the prefix, the candidate as the assistant's
-    turn and the game's reply to it as the next user message (:func:`clemprm.play.chat.render_answered`; the
-    reply is the turn record's, :meth:`clemprm.play.engine.RolloutEngine.game_reply`: feedback, a reprompt after a
-    broken rule, the next player's message or the game's end). The searches play every candidate in a fork of the
-    game to read it. A text longer than ``max_length`` tokens keeps its end (the reply, the candidate and the most
-    recent context). Sequence classification pools the last non-pad token, so the loader
+    One function, :func:`encode_pair`, for training and scoring: the prefix (the player's perspective exactly as the
+    policy saw it) and the candidate as the assistant's turn (:func:`clemprm.play.chat.render_answered`); with
+    ``prm.input: candidate_with_reply`` also the game's reply to it as the next user message (the turn record's,
+    :meth:`clemprm.play.engine.RolloutEngine.game_reply`: feedback, a reprompt after a broken rule, the next
+    player's message or the game's end), which only a lookahead search, playing every candidate in a fork, can
+    read. A text longer than ``max_length`` tokens keeps its end (the reply, the candidate and the most recent
+    context). Sequence classification pools the last non-pad token, so the loader
     gives the tokenizer a pad token that differs from the end-of-turn token, and batches are padded on the right
     (recurrent layers such as Qwen3.5's Gated DeltaNet never see padding before a real token). Pairs with the same
     prefix messages share their common token prefix (:mod:`clemprm.models.scoring`).
@@ -34,27 +36,34 @@ from clemprm.play.chat import render_answered
 log = logging.getLogger(__name__)
 
 
+INPUTS = ("candidate", "candidate_with_reply")   # prm.input: what the PRM reads after the prefix
+
+
 def encode_pair(tokenizer, prefix: list[dict], candidate: str, reply: str, chat_template_kwargs: dict | None,
                 max_length: int) -> tuple[list[int], bool]:
-    """THE tokens the PRM reads for ``(prefix, candidate, reply)``, in training and in scoring, truncated from the
-    left (the last ``max_length`` tokens: the reply, the candidate and the most recent context), and whether
-    anything was cut."""
+    """THE tokens the PRM reads for ``(prefix, candidate, reply)`` (``reply`` "" for a PRM that reads the candidate
+    alone), in training and in scoring, truncated from the left (the last ``max_length`` tokens: the reply, the
+    candidate and the most recent context), and whether anything was cut."""
     text = render_answered(tokenizer, prefix, candidate, chat_template_kwargs, reply=reply)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids[-max_length:], len(ids) > max_length
 
 
 class PRMScorer:
-    """P(success) of ``(prefix messages, candidate, reply)`` pairs from the PRM (base + adapter ``cfg.adapter``).
+    """P(success) of :class:`clemprm.search.Pair` from the PRM (base + adapter ``cfg.adapter``), reading what it was
+    trained on (``input``: the candidate, or the candidate with the game's reply).
 
     ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
     sorted by length so a micro-batch holds similar lengths. With ``share_prefixes`` (where the model's cache
     allows it) the token prefix common to the pairs of one prefix is computed once. A score does not depend on
     the batch it is in nor on sharing (up to float rounding)."""
 
-    def __init__(self, cfg: ModelConfig, *, max_length: int = 1024, token_budget: int | None = None, tokenizer=None,
-                 model=None, share_prefixes: bool = True):
+    def __init__(self, cfg: ModelConfig, *, input: str = "candidate", max_length: int = 1024,
+                 token_budget: int | None = None, tokenizer=None, model=None, share_prefixes: bool = True):
+        if input not in INPUTS:
+            raise ValueError(f"unknown PRM input {input!r} (known: {', '.join(INPUTS)})")
         self.cfg = cfg
+        self.input = input
         if model is None or tokenizer is None:
             tokenizer, model = load_tokenizer_and_model(cfg, for_training=False, task="seq-cls")
         self.tokenizer, self.model = tokenizer, model
@@ -66,19 +75,24 @@ class PRMScorer:
             log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
             self.share_prefixes = False
 
-    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
-        """P(success) for each (prefix messages, candidate answer, the game's reply); pairs with the same prefix
-        messages share their common token prefix; length-sorted micro-batches under a token budget, left
-        truncation."""
+    def score(self, pairs: list) -> list[float]:
+        """P(success) for each :class:`~clemprm.search.Pair` (perspective, candidate and, for a PRM that reads it,
+        the game's reply); pairs with the same perspective share their common token prefix; length-sorted
+        micro-batches under a token budget, left truncation."""
+        reads_reply = self.input == "candidate_with_reply"
+        if reads_reply and any(pair.reply is None for pair in pairs):
+            raise ValueError("this PRM was trained on the candidate with the game's reply (prm.input: "
+                             "candidate_with_reply): it scores lookahead pairs only, never a blind search's")
         start = time.perf_counter()
         sequences = []
-        for prefix, candidate, reply in pairs:
-            ids, truncated = encode_pair(self.tokenizer, prefix, candidate, reply, self.cfg.chat_template_kwargs,
+        for pair in pairs:
+            ids, truncated = encode_pair(self.tokenizer, pair.perspective, pair.candidate,
+                                         pair.reply if reads_reply else "", self.cfg.chat_template_kwargs,
                                          self.max_length)
             sequences.append(ids)
             self.stats.truncated += truncated
-        scores = self.score_ids(sequences, keys=[json.dumps(prefix, sort_keys=True, default=str)
-                                                 for prefix, _, _ in pairs])
+        scores = self.score_ids(sequences, keys=[json.dumps(pair.perspective, sort_keys=True, default=str)
+                                                 for pair in pairs])
         self.stats.calls += 1
         self.stats.pairs += len(pairs)
         self.stats.tokens += sum(len(ids) for ids in sequences)
@@ -140,4 +154,5 @@ def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str 
 def load_prm(model_settings: dict, prm_settings: dict, adapter_dir: str, cache_dir: str | None = None) -> PRMScorer:
     """The trained PRM of ``adapter_dir`` as a scorer, from the config's ``model`` and ``prm`` sections."""
     cfg = prm_model_config(model_settings, prm_settings, adapter_dir, cache_dir)
-    return PRMScorer(cfg, max_length=prm_settings["max_length"], token_budget=prm_settings["score_batch_tokens"])
+    return PRMScorer(cfg, input=prm_settings["input"], max_length=prm_settings["max_length"],
+                     token_budget=prm_settings["score_batch_tokens"])

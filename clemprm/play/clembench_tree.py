@@ -62,10 +62,11 @@ from clemprm.play.engine import Episode, Sampling
 FAILED_EPISODE_SCORES = {"Aborted": 1, "Lose": 0, "Success": 0, "Main Score": math.nan}
 
 
-def run_dir_name(policy: str, mode: str) -> str:
-    """The run folder of ``policy`` played in ``mode``: ``<policy>-<mode>`` (path separators and spaces become
-    ``_``)."""
-    return re.sub(r"[\s/\\]+", "_", f"{policy}-{mode}")
+def run_dir_name(policy: str, mode: str, regime: str = "blind") -> str:
+    """The run folder of ``policy`` played in ``mode``: ``<policy>-<mode>``, ``<policy>-<mode>-lookahead`` for a
+    lookahead mode (its candidates were played in forks: no clembench score), path separators and spaces as ``_``."""
+    suffix = "" if regime == "blind" or mode.endswith("lookahead") else "-lookahead"
+    return re.sub(r"[\s/\\]+", "_", f"{policy}-{mode}{suffix}")
 
 
 def episode_dir_name(game_id: int, repeat: int, several: bool) -> str:

@@ -441,7 +441,7 @@ class RolloutEngine:
         if episode.done:
             scores = episode.scores()
             outcome = "aborted" if scores.get("Aborted", 1) else "won" if scores.get("Success", 0) else "lost"
-            return f"Game over: {outcome}."
+            return f"{GAME_OVER}{outcome}."
         waiting = RolloutEngine.waiting(episode)
         if waiting is None:
             return ""
@@ -508,3 +508,24 @@ class RolloutEngine:
             return [pairs[index:index + repeats] for index in range(0, len(pairs), repeats)]
 
         return [pair for pairs in distributed.map_split(instances, play_share) for pair in pairs]
+
+
+GAME_OVER = "Game over: "   # how RolloutEngine.game_reply says that an answer ended the game
+RULE_VALUES = {"won": 1.0, "lost": 0.1, "aborted": 0.0, "accepted": 0.5, "rejected": 0.2}
+"""The lookahead rule's values: the game's end-of-game verdict on an answer, else whether it accepted it."""
+
+
+def game_over(reply: str | None) -> str | None:
+    """``won``, ``lost`` or ``aborted`` where ``reply`` (:meth:`RolloutEngine.game_reply`) says the answer ended the
+    game, else None."""
+    if reply and reply.startswith(GAME_OVER):
+        return reply[len(GAME_OVER):].rstrip(".")
+    return None
+
+
+def rule_score(reply: str | None, accepted: bool | None) -> float:
+    """What a fork shows of an answer, read with no model (:data:`RULE_VALUES`): the control of every search and
+    scorer that reads the game's answer (lookahead)."""
+    outcome = game_over(reply)
+    return RULE_VALUES.get(outcome, RULE_VALUES["accepted" if accepted else "rejected"])
+

@@ -59,10 +59,11 @@ class ImplicitPRMScorer:
         answer = self.tokenizer(candidate + self.end_text, add_special_tokens=False)["input_ids"]
         return Turn(prompt, answer)
 
-    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
-        """The implicit PRM's reward of each candidate after its prefix (the game's reply plays no part)."""
+    def score(self, pairs: list) -> list[float]:
+        """The implicit PRM's reward of each candidate after its perspective (:class:`clemprm.search.Pair`; what a
+        fork shows plays no part)."""
         start = time.perf_counter()
-        turns = [self.turn(messages, candidate) for messages, candidate, _ in pairs]
+        turns = [self.turn(pair.perspective, pair.candidate) for pair in pairs]
         with torch.no_grad():
             scores = [self.prm.score(turn) for turn in turns]
         self.stats.calls += 1

@@ -1,27 +1,47 @@
-"""PRM-guided test-time search over forkable games (Hugging Face search-and-learn, for multi-turn dialogue games).
+"""PRM-guided test-time search (Hugging Face search-and-learn, for multi-turn dialogue games), in two regimes.
+
+*blind* (the default, the PRM card's and clembench's): the played game is the only game. At each turn the search
+samples N candidates, scores each on the player's perspective and the candidate alone, and the game receives the
+chosen one only: one answer per turn, as clembench scores a player. *lookahead* (opt-in): every candidate is played
+in a fork of the game and the scorer may read what the fork shows (the game's reply, whether it accepted the answer,
+the end of the game); the search tries N answers per turn against the game's own verdict, which no real partner
+allows, so its figures are no clembench scores and are compared only with lookahead controls (:class:`RuleScorer`).
 
 One short module per strategy; greedy play is the engine's plain :meth:`~clemprm.play.engine.RolloutEngine.run`.
 
-* :func:`clemprm.search.best_of_n.best_of_n`: at every policy turn N sampled answers; the one the PRM scores
-  highest is played.
+* :func:`clemprm.search.best_of_n.best_of_n`: at every policy turn N sampled answers; the one the scorer ranks
+  highest is played (blind, or lookahead over forks).
 * :func:`clemprm.search.beam_search.beam_search`: beams are forked games; every beam's N continuations are
-  ranked by the PRM and the best ``beam_width`` survive.
+  ranked and the best ``beam_width`` survive (lookahead only: every beam's game answered its answers).
 
-A PRM is any object with ``score(pairs) -> list[float]``, a pair being ``(perspective messages, candidate answer,
-the game's reply to it)`` (:class:`clemprm.models.prm.PRMScorer`, :class:`RandomScorer` for the control mode,
-:class:`clemprm.models.logprob.LogprobScorer` for the policy's own mean token log-probability, or a scripted scorer
-in tests; only the PRM reads the reply). Every search step makes one ``propose`` call (one ``generate`` call per
-model), plays each candidate in a fork of its game (:meth:`~clemprm.play.engine.RolloutEngine.play_each`: the
-reply, and the game that goes on when the candidate is chosen) and makes one ``score`` call for all games together.
-This package holds what the strategies share.
+A scorer is any object with ``score(pairs) -> list[float]`` over :class:`Pair` (:class:`clemprm.models.prm.PRMScorer`,
+:class:`RandomScorer` and :class:`RuleScorer` for the controls, :class:`clemprm.models.logprob.LogprobScorer` for the
+policy's own mean token log-probability, or a scripted scorer in tests). Every search step makes one ``propose`` call
+(one ``generate`` call per model) and one ``score`` call for all games together.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from clemprm.play.engine import rule_score
 from clemprm.stats import derive_seed
+
+REGIMES = ("blind", "lookahead")
+
+
+class Pair(NamedTuple):
+    """What a scorer sees of one candidate: the perspective of the player who answers and the candidate; in
+    lookahead also what the candidate's fork shows: the game's reply to it (:meth:`RolloutEngine.game_reply`,
+    ``Game over: won|lost|aborted.`` when it ended the game) and whether the game accepted it. Blind pairs have
+    ``reply`` and ``accepted`` None."""
+
+    perspective: list[dict]
+    candidate: str
+    reply: str | None = None
+    accepted: bool | None = None
 
 
 @dataclass
@@ -48,9 +68,22 @@ class RandomScorer:
     def __init__(self, seed: int):
         self.seed = seed
 
-    def score(self, pairs: list[tuple[list[dict], str, str]]) -> list[float]:
-        return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in messages], candidate)
-                / 2 ** 63 for messages, candidate, _ in pairs]
+    def score(self, pairs: list[Pair]) -> list[float]:
+        return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in pair.perspective],
+                            pair.candidate) / 2 ** 63 for pair in pairs]
+
+
+class RuleScorer:
+    """The control for a search that reads the fork (lookahead): :func:`clemprm.play.engine.rule_score` of each
+    pair, no model. Ties go
+    the way every search breaks them (to the first candidate: a sample as random as any other)."""
+
+    stats = None
+
+    def score(self, pairs: list[Pair]) -> list[float]:
+        if any(pair.accepted is None for pair in pairs):
+            raise ValueError("the rule scorer reads what a fork shows: it scores lookahead pairs only")
+        return [rule_score(pair.reply, pair.accepted) for pair in pairs]
 
 
 def choice(turn_idx: int, candidates: list, scores: list[float], chosen: int) -> dict:
@@ -65,18 +98,35 @@ def greedy_cost(episode) -> SearchCost:
     return SearchCost(policy_tokens=sum(turn["new_tokens"] for turn in episode.turns), nodes=len(episode.turns))
 
 
-def score_candidates(engine, prm, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
-    """The scorer's score of every candidate of every episode, in one ``score`` call: on the perspective of the
-    player the episode waits for, the candidate, and the game's reply to it in its fork (``children``, from
-    ``engine.play_each``). A failed generation, or a candidate the game failed on, is not scored (-inf): it wins only
-    when every one failed."""
-    pairs, slots = [], []
-    for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):
-        for j, (candidate, child) in enumerate(zip(candidates, played)):
-            if child.error is None:   # a failed generation failed its fork too (engine.apply)
-                pairs.append((engine.waiting(episode)[1], candidate.text, child.turns[-1]["reply"]))
-                slots.append((index, j))
+def _score_slots(prm, proposals: list[list], pairs: list[Pair], slots: list[tuple[int, int]]) -> list[list[float]]:
+    """Every candidate's score, -inf where no pair was made (a failed generation: it wins only when all failed)."""
     scores = [[-math.inf] * len(candidates) for candidates in proposals]
     for (index, j), score in zip(slots, prm.score(pairs) if pairs else []):
         scores[index][j] = float(score)
     return scores
+
+
+def score_blind(engine, prm, episodes: list, proposals: list[list]) -> list[list[float]]:
+    """The scorer's score of every candidate of every episode, in one ``score`` call, on the perspective of the
+    player the episode waits for and the candidate alone: no game sees any of them."""
+    pairs, slots = [], []
+    for index, (episode, candidates) in enumerate(zip(episodes, proposals)):
+        for j, candidate in enumerate(candidates):
+            if candidate.error is None:
+                pairs.append(Pair(engine.waiting(episode)[1], candidate.text))
+                slots.append((index, j))
+    return _score_slots(prm, proposals, pairs, slots)
+
+
+def score_forks(engine, prm, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
+    """Lookahead: the scorer's score of every candidate of every episode, in one ``score`` call, with what its fork
+    (``children``, from ``engine.play_each``) shows: the game's reply and its verdict on the answer. A candidate the
+    game failed on is not scored (-inf)."""
+    pairs, slots = [], []
+    for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):
+        for j, child in enumerate(played):
+            if child.error is None:   # a failed generation failed its fork too (engine.apply)
+                turn = child.turns[-1]
+                pairs.append(Pair(engine.waiting(episode)[1], candidates[j].text, turn["reply"], turn["parse_ok"]))
+                slots.append((index, j))
+    return _score_slots(prm, proposals, pairs, slots)

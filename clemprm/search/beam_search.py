@@ -1,5 +1,8 @@
 """Beam search over forked games, ranked by the PRM (search-and-learn's beam search, one game turn per iteration).
 
+A lookahead search (:mod:`clemprm.search`): every beam is a game that answered the answers on its way, and later
+perspectives hold the game's replies to answers the search then drops; its figures are no clembench scores.
+
 Each iteration every live beam (a forked game) proposes N answers at its next turn; each distinct answer is
 played into a fork of the beam (a child), every child is scored by the PRM on (the beam's perspective, the
 answer, the game's reply to it), and per game the ``beam_width`` best live children by aggregated score go on.
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 
 from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
 from clemprm.stats import derive_seed
-from clemprm.search import SearchCost, choice, score_candidates
+from clemprm.search import SearchCost, choice, score_forks
 
 AGGREGATIONS = ("last", "min", "prod")
 
@@ -27,14 +30,18 @@ class Beam:
     step_scores: list[float] = field(default_factory=list)   # the PRM score of each answer the search chose
     choices: list[dict] = field(default_factory=list)   # the choices on the way here (clemprm.records.CHOICE rows)
 
-    def score(self, aggregation: str) -> float:
-        """The beam's PRM score: of its last step (search-and-learn's "last"), its worst step, or their product.
-        A step that was not scored (a failed generation) makes the beam the worst."""
+    def score(self, aggregation: str, log_scale: bool = False) -> float:
+        """The beam's score: of its last step (search-and-learn's "last"), its worst step, or the product of the
+        steps' probabilities (``prod``; with ``log_scale``, scores that are log-probabilities, their sum: the log of
+        that product, so that a likelier path ranks higher). A step that was not scored (a failed generation) makes
+        the beam the worst."""
         if not self.step_scores or -math.inf in self.step_scores:
             return -math.inf
         if aggregation == "last":
             return self.step_scores[-1]
-        return min(self.step_scores) if aggregation == "min" else math.prod(self.step_scores)
+        if aggregation == "min":
+            return min(self.step_scores)
+        return sum(self.step_scores) if log_scale else math.prod(self.step_scores)
 
 
 def distinct(candidates: list) -> list:
@@ -65,8 +72,10 @@ def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, bea
     whose ``choices`` are those on the chosen trajectory.
 
     Each iteration: one ``propose`` call for all live beams of all games and one PRM call for all their
-    distinct candidates.
+    distinct candidates. A scorer whose scores are log-probabilities says so (``log_scale``), and ``prod`` then
+    multiplies the probabilities they stand for (:meth:`Beam.score`).
     """
+    log_scale = getattr(prm, "log_scale", False)
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown beam score aggregation {aggregation!r} (known: {', '.join(AGGREGATIONS)})")
     costs = [SearchCost() for _ in roots]
@@ -80,7 +89,7 @@ def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, bea
         proposals = engine.propose([beam.episode for _, beam in parents], n, sampling)
         unique = [distinct(candidates) for candidates in proposals]   # the PRM scores each distinct child once
         played = [children_of(engine, beam, candidates) for (_, beam), candidates in zip(parents, unique)]
-        scores = score_candidates(engine, prm, [beam.episode for _, beam in parents], unique, played)
+        scores = score_forks(engine, prm, [beam.episode for _, beam in parents], unique, played)
         children: list[list[Beam]] = [[] for _ in roots]
         for (r, parent), candidates, unique_candidates, games, unique_scores in zip(parents, proposals, unique, played,
                                                                                     scores):
@@ -89,14 +98,15 @@ def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, bea
             children[r] += expand(parent, unique_candidates, games, unique_scores) if candidates else [parent]
         for r, beams in enumerate(children):
             finished[r] += [beam for beam in beams if beam.episode.done]
-            ranked = sorted((beam for beam in beams if not beam.episode.done), key=lambda b: -b.score(aggregation))
+            ranked = sorted((beam for beam in beams if not beam.episode.done),
+                            key=lambda b: -b.score(aggregation, log_scale))
             live[r] = ranked[:beam_width]
         progress.update(sum(not beams for beams in live), sum(map(len, unique)),
                         sum(candidate.new_tokens for candidates in proposals for candidate in candidates),
                         force=not any(live))
     chosen = []
     for root, cost, done, beams in zip(roots, costs, finished, live):
-        best = max(done or beams, key=lambda b: b.score(aggregation))
+        best = max(done or beams, key=lambda b: b.score(aggregation, log_scale))
         best.episode.seed = root.seed
         cost.choices = best.choices
         chosen.append(best.episode)

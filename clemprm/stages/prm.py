@@ -2,7 +2,9 @@
 
 Training
     Soft labels (``results/labels/soft_labels.parquet``, :data:`clemprm.records.SOFT_LABELS`), one example per
-    branch point. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
+    branch point, read as ``prm.input`` says: the prefix and the candidate (the PRM card's input, what a blind search
+    can show), or also the game's reply to the candidate (``candidate_with_reply``: for lookahead searches only).
+    Training may use everything known at labelling time, inference only what its regime shows. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
     squared error of ``sigmoid(logit)``), plus, with ``prm.pairwise_weight`` > 0, that weight times a logistic
     pairwise loss among siblings (:func:`pairwise_loss`; the siblings of a state then share a micro-batch and
     ``batch_size`` counts states), linear schedule with warmup, effective batch ``batch_size x grad_accum``,
@@ -11,10 +13,22 @@ Training
     whole sibling groups, so that no state loses some of its siblings. CUDA: bf16, gradient
     checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``.
 
+Acceptance pre-training (``prm.acceptance_examples`` > 0)
+    Before the soft labels, one epoch on up to that many answers of the episodes the pipeline played anyway (the base
+    rollouts and the SFT policy's trajectories, train split only), each labelled by the game's verdict on it (1: the
+    game accepted the answer, 0: it counted a rule violation), as many accepted as rejected where the episodes have
+    them. The verdict is a function of the prompt and the answer (each game states its answer format and rules in its
+    prompt), known for free on every turn, while Monte-Carlo soft labels cost K continuations each: a blind PRM
+    learns the rules' validity from far more examples than the labelled pairs, then what wins from the soft labels.
+    Held-out (validation-split) instances never enter it.
+
 Metrics
     On every side, from the written model through the scorer, with the baselines (:mod:`clemprm.stages.prm_metrics`):
     global prediction metrics, and on the ranked side the within-state ranking among siblings with bootstrap
-    intervals over instances (``prm.bootstrap_samples``, ``prm.ci``). The ranked side is
+    intervals over instances (``prm.bootstrap_samples``, ``prm.ci``), next to the candidate's length, the policy's
+    log-probability, a random pick, the game's acceptance of the candidate (what a blind scorer gets if it knows only
+    the rules' validity verdict) and the lookahead rule (:func:`clemprm.play.engine.rule_score`: what a fork shows,
+    read with no model). The ranked side is
     ``heldout``, the branch points of validation-split instances (``branch_points.validation_instances``), which
     neither training nor the choice of epoch sees; without them it is the ``validation`` slice of train instances
     (``prm.validation_fraction``), which also chose the epoch.
@@ -36,14 +50,16 @@ from clemprm.models.loader import load_tokenizer_and_model, policy_settings, res
 from clemprm.models.logprob import mean_logprobs
 from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
 from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
+from clemprm.play.engine import rule_score
 from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
-from clemprm.training import (OPTIMIZER_AUTO, device_name, epoch_history, finish_metrics, finite, initial_evaluation,
-                              keep_4bit_differentiable, lora_config, progress_callback, shared_scratch_beside,
-                              split_instances, step_grouped, trainer_arguments, write_adapter)
+from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
+                              finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config,
+                              progress_callback, shared_scratch_beside, split_instances, step_grouped,
+                              trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +110,45 @@ def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -
     return chosen
 
 
-def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int) -> list[Example]:
-    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], row["reply"], chat_template_kwargs,
-                                 max_length),
+def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int,
+                   prm_input: str = "candidate") -> list[Example]:
+    """One example per soft-label row, its text as ``prm_input`` reads it (the game's reply only for
+    ``candidate_with_reply``)."""
+    reads_reply = prm_input == "candidate_with_reply"
+    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], row["reply"] if reads_reply else "",
+                                 chat_template_kwargs, max_length),
                     label=float(row["label"]),
                     key=records.instance_key(row["game"], row["experiment"], row["game_id"]),
                     state_id=row.get("prefix_id") or row["bp_id"],
                     row=index) for index, row in enumerate(rows)]
 
 
-# ------------------------------------------------------------------------------------------- metrics
+def acceptance_examples(episode_paths: list[str], tokenizer, chat_template_kwargs: dict, max_length: int,
+                        limit: int, seed: int) -> list[Example]:
+    """Up to ``limit`` answers of the train-split episodes of ``episode_paths`` (:data:`records.EPISODES`) as
+    examples labelled by the game's verdict (``parse_ok``: 1 accepted, 0 rejected), each distinct (perspective,
+    answer) once, drawn by ``seed`` with as many of each verdict as the episodes allow; read as a PRM that reads the
+    candidate alone reads them."""
+    turns = {}
+    for path in episode_paths:
+        for episode in records.read_records(path, records.EPISODES):
+            if episode["split"] != "train":
+                continue
+            key = records.instance_key(episode["game"], episode["experiment"], episode["game_id"])
+            for turn in episode["turns"]:
+                identity = (str(turn["messages"]), turn["response"])
+                turns.setdefault(identity, (turn, key))
+    by_verdict = {verdict: [(turn, key) for turn, key in turns.values() if bool(turn["parse_ok"]) == verdict]
+                  for verdict in (True, False)}
+    rng = random.Random(seed)
+    for group in by_verdict.values():
+        rng.shuffle(group)
+    half = limit // 2
+    rejected = by_verdict[False][:max(half, limit - len(by_verdict[True]))]
+    chosen = by_verdict[True][:limit - len(rejected)] + rejected
+    return [Example(*encode_pair(tokenizer, turn["messages"], turn["response"], "", chat_template_kwargs, max_length),
+                    label=float(bool(turn["parse_ok"])), key=key, state_id=f"acceptance/{index}", row=-1 - index)
+            for index, (turn, key) in enumerate(chosen)]
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -111,7 +156,10 @@ def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_
 
 def effective_grad_accum(batch_size: int, grad_accum: int, n_train: int) -> int:
     """``grad_accum``, capped at the batches of one epoch so that every epoch makes at least one optimizer step (a
-    multiple of the job's processes, which share the accumulation: :func:`clemprm.training.trainer_arguments`)."""
+    multiple of the job's processes, which share the accumulation: :func:`clemprm.training.trainer_arguments`). A
+    ``grad_accum`` that is no multiple of the processes is refused, as SFT refuses it: raising it silently would
+    change the effective batch."""
+    distributed.accumulation_steps(grad_accum, "prm.grad_accum")   # raises, naming the key
     processes = distributed.world_size()
     capped = min(grad_accum, math.ceil(n_train / batch_size))
     return max(processes, capped - capped % processes)
@@ -276,17 +324,22 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         pairwise_weight=prm["pairwise_weight"], share_prefixes=shares_prefixes(model, by_state),
         pad_id=tokenizer.pad_token_id)
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
+    before = trainable_snapshot(trainer.model)
     start = time.perf_counter()
     result = trainer.train()
     train_seconds = time.perf_counter() - start
     state = trainer.state
+    rates = applied_learning_rates(trainer.lr_scheduler, state.global_step)
+    untrained = untrained_reason(prm, state.global_step, rates, changed_parameters(trainer.model, before), key="prm")
     initial, log_history = initial_evaluation(state.log_history)
     history = [{k: v for k, v in row.items() if "token_accuracy" not in k}
                for row in epoch_history(log_history, initial)]
     evals = [row for row in history if row.get("eval_loss") is not None and row["epoch"] > 0]
     best = min(evals, key=lambda row: row["eval_loss"]) if evals else (history[-1] if history else {})
     return trainer.model, {
-        "status": "trained", "steps": state.global_step, "epochs_run": round(state.epoch or 0.0, 4),
+        "status": f"untrained: {untrained}" if untrained else "trained", "steps": state.global_step,
+        "learning_rates": {"min": min(rates), "max": max(rates)} if rates else None,
+        "epochs_run": round(state.epoch or 0.0, 4),
         "max_epochs": prm["epochs"], "stopped_early": bool(validation) and (state.epoch or 0) < prm["epochs"] - 1e-6,
         "best_epoch": best.get("epoch"), "batch_size": prm["batch_size"], "grad_accum": grad_accum,
         "effective_batch": prm["batch_size"] * grad_accum, "optimizer": OPTIMIZER_AUTO[device], "bf16": args.bf16,
@@ -297,10 +350,37 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_seconds": round(train_seconds, 2)}
 
 
+def _pretrain_on_acceptance(model, tokenizer, cfg, prm: dict, seed: int, episode_paths: list[str], output_dir: str,
+                            device: str, tracking: TrackingRun) -> tuple[object, dict]:
+    """One epoch of BCE on :func:`acceptance_examples` (no pairwise term, no validation side), on the model the soft
+    labels then train; returns it and what the step did."""
+    if not episode_paths:
+        raise ValueError("prm.acceptance_examples needs the played episodes (the rule's episodes input)")
+    examples = acceptance_examples(list(episode_paths), tokenizer, cfg.chat_template_kwargs, prm["max_length"],
+                                   prm["acceptance_examples"], seed)
+    accepted = sum(e.label > 0 for e in examples)
+    log.info("prm: acceptance pre-training on %d answers of played episodes (%d accepted, %d rejected)",
+             len(examples), accepted, len(examples) - accepted)
+    if not examples:
+        return model, {"examples": 0}
+    section = {**prm, "epochs": 1, "pairwise_weight": 0.0, "label_weighting": "none"}
+    model, training = _train(model, tokenizer, section, seed, examples, [], output_dir, device,
+                             resolve_dtype(cfg, device), tracking)
+    return model, {"examples": len(examples), "accepted": accepted, "status": training["status"],
+                   "steps": training["steps"], "train_loss": training["train_loss"],
+                   "train_seconds": training["train_seconds"]}
+
+
 def orientation_side(train: list[Example]) -> list[Example]:
     """The examples the candidate-aware baselines are oriented on: the train side when it has siblings, else none
     (nothing to orient on; every baseline is then read as is)."""
     return train if states_with_siblings(train) else []
+
+
+FORK_READERS = {   # what the fork of a candidate shows, as ranking baselines (the rows' turn verdict and reply)
+    "acceptance": lambda row: float(bool(row["parse_ok"])),
+    "rule": lambda row: rule_score(row["reply"], row["parse_ok"]),
+}
 
 
 def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, rows: list[dict],
@@ -308,11 +388,19 @@ def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, r
     """Prediction metrics of the trained PRM and of the baselines, per side (None when empty); on the ``ranked``
     side (the held-out set when there is one, else the validation slice) also the candidate-aware baselines (the
     candidate's length in characters, the policy's mean token log-probability of it, ``policy_logprobs`` by row;
-    each times its train-side :func:`orientation`) and every scorer's within-prefix ranking
-    (:func:`ranking_metrics`; ``constant_mean`` ties all siblings: the expected pick of a random choice)."""
+    each times its train-side :func:`orientation`), the fork's readings (:data:`FORK_READERS`: whether the game
+    accepted the candidate, and the lookahead rule) and every scorer's within-prefix ranking
+    (:func:`ranking_metrics`, with each baseline's paired difference to the PRM; ``constant_mean`` ties all
+    siblings: the expected pick of a random choice). Predictions that are not finite (a diverged PRM) stop the
+    evaluation there: ``nonfinite_predictions`` counts them per side, for the gate."""
     evaluation, predictions = {}, {}
     for side, examples in sides.items():
         predictions[side] = scorer.score_ids([e.input_ids for e in examples]) if examples else []
+    nonfinite = {side: sum(not math.isfinite(p) for p in values) for side, values in predictions.items()}
+    if any(nonfinite.values()):
+        return {"evaluation": dict.fromkeys(sides), "baselines": None, "ranking": None,
+                "nonfinite_predictions": nonfinite}
+    for side, examples in sides.items():
         evaluation[side] = prediction_metrics(predictions[side], [e.label for e in examples])
     baselines = baseline_metrics(sides["train"], sides)
     examples = sides[ranked]
@@ -324,10 +412,13 @@ def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, r
     candidate_scores = {name: [orientations[name] * read(e) for e in examples] for name, read in readers.items()}
     for name, scores in candidate_scores.items():
         baselines[name] = {ranked: rank_metrics(scores, labels), "orientation": orientations[name]}
+    fork_scores = {name: [read(rows[e.row]) for e in examples] for name, read in FORK_READERS.items()}
+    for name, scores in fork_scores.items():
+        baselines[name] = {ranked: rank_metrics(scores, labels)}
     game_means = baselines["game_mean"]["values"]
     scorers = {"prm": predictions[ranked], "constant_mean": [0.0] * len(examples),
                "game_mean": [game_means.get(e.key[0], baselines["constant_mean"]["value"]) for e in examples],
-               **candidate_scores}
+               **candidate_scores, **fork_scores}
     ranking = {"side": ranked, "orientation": orientations,
                **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
     return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking}
@@ -349,6 +440,15 @@ def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list
     return {e.row: score for e, score in zip(examples, scores)}
 
 
+def untrained_marks(metrics: dict, on_failure: str) -> list:
+    """The failure mark of a PRM whose training left its adapter as it was (every step at learning rate 0, or weights
+    that did not change); raises under ``on_failure: stop``."""
+    if not str(metrics.get("status", "")).startswith("untrained: ") or not metrics.get("steps"):
+        return []
+    return [fail_or_warn("prm_adapter", f"the PRM did not train: {metrics['status'][len('untrained: '):]}",
+                         on_failure, condition="adapter_not_trained", count=metrics["steps"])]
+
+
 def gate_marks(gate: dict, on_failure: str) -> list:
     """The failure mark of a failed quality gate (none when it passed or measured nothing); raises under
     ``on_failure: stop``."""
@@ -362,10 +462,11 @@ def gate_marks(gate: dict, on_failure: str) -> list:
 
 def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
               cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop",
-              tracking: TrackingRun = OFF) -> dict:
+              tracking: TrackingRun = OFF, episode_paths: list[str] = ()) -> dict:
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
     metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
-    policy whose log-probabilities are a baseline (None: the base policy). ``tracking``: the tracker run that gets
+    policy whose log-probabilities are a baseline (None: the base policy). ``episode_paths``: the played episodes
+    whose answers the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that gets
     every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
     (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) stops the stage naming the metric and the
     baseline, or with ``on_failure: continue`` is written with a failure mark (:mod:`clemprm.checks.run_time`)."""
@@ -388,7 +489,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         keep_4bit_differentiable(model)
     model = get_peft_model(model, lora_config(prm["lora"], "SEQ_CLS"))
 
-    examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"])
+    examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"], prm["input"])
     heldout = [e for e in examples if rows[e.row]["split"] != "train"]   # branch_points.validation_instances
     train_side = [e for e in examples if rows[e.row]["split"] == "train"]
     validation_keys = split_instances([e.key for e in train_side], prm["validation_fraction"], seed)
@@ -404,6 +505,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
                   "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
                   "eos_token": tokenizer.eos_token},
+        "input": prm["input"], "regime": "blind" if prm["input"] == "candidate" else "lookahead",
         "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"], "label_weighting": prm["label_weighting"],
         "examples": {
             "rows": len(rows), "train": len(train), "validation": len(validation), "heldout": len(heldout),
@@ -422,6 +524,9 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     ranked = "heldout" if heldout else "validation"
 
     with shared_scratch_beside(adapter_dir) as scratch, tracker_environment(tracking):
+        if train and prm["acceptance_examples"]:
+            model, metrics["acceptance_pretraining"] = _pretrain_on_acceptance(
+                model, tokenizer, cfg, prm, seed, episode_paths, str(scratch / "acceptance"), device, tracking)
         if train:
             model, training = _train(model, tokenizer, prm, seed, train, validation, str(scratch / "checkpoints"),
                                      device, resolve_dtype(cfg, device), tracking)
@@ -431,16 +536,17 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
                                           orientation_side(sides["train"]) + sides[ranked], cache_dir)
             metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
-            metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"])
+            metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"],
+                                           prm["input"], metrics.get("nonfinite_predictions"))
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
             log.warning("prm: no training examples; writing an untrained adapter")
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
-                           baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"]))
+                           baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"], prm["input"]))
         log.info("%s", gate_lines(metrics["gate"]))
-        metrics.update(marks_metadata(gate_marks(metrics["gate"], on_failure)))
+        metrics.update(marks_metadata(untrained_marks(metrics, on_failure) + gate_marks(metrics["gate"], on_failure)))
         write_adapter(model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
     write_adapter_card("prm", adapter_dir, metrics)   # after finish_metrics: the final metrics

@@ -11,7 +11,8 @@ same state, ``state_id``), the pairwise accuracy over sibling pairs with differe
 game and pooled, with bootstrap intervals over instances resampled within each game (:mod:`clemprm.stats`; the same
 draws for every scorer, so their intervals compare on equal terms).
 
-:func:`quality_gate` decides from these whether the PRM learned anything a search can use.
+:func:`quality_gate` decides from these whether the PRM learned anything a search can use: "better than a baseline"
+means that the paired bootstrap interval of the difference clears 0.
 
 An example here is anything with ``label`` (float), ``key`` (its instance ``(game, experiment, game_id)``) and
 ``state_id``.
@@ -153,44 +154,64 @@ def ranking_metrics(examples: list, scorers: dict[str, list[float]], samples: in
     """What a search needs of a scorer, on the states of ``examples`` with two or more siblings: within-state
     pairwise accuracy (among siblings with different labels), top-1 regret and the mean label of the pick (next
     to ``best_label``, the mean label of the best sibling), overall (pooled over states) and per game, with
-    percentile bootstrap intervals over instances resampled within each game (:func:`clemprm.stats.bootstrap`)."""
+    percentile bootstrap intervals over instances resampled within each game (:func:`clemprm.stats.bootstrap`).
+    With a ``prm`` scorer, ``differences`` holds ``prm - <scorer>`` for every other scorer on the same draws (paired:
+    what the quality gate decides on)."""
     groups = states_with_siblings(examples)
     instances = sorted({examples[g[0]].key for g in groups})
     result = {"prefixes": len(groups), "siblings": sum(map(len, groups)), "instances": len(instances),
               "pairs_with_different_labels": sum(sibling_statistics([0.0] * len(g), [examples[i].label for i in g])[1]
                                                  for g in groups),
-              "best_label": {}, "scorers": {}}
+              "best_label": {}, "scorers": {}, "differences": {}}
     if not groups:
         return result
     index = pd.MultiIndex.from_tuples(instances, names=["game", "experiment", "game_id"])
+    tables = {}
     for name, scores in scorers.items():
         sums = pd.DataFrame(0.0, index=index, columns=list(SIBLING_SUMS))
         for g in groups:
             labels = [examples[i].label for i in g]
             concordant, pairs, regret = sibling_statistics([scores[i] for i in g], labels)
             sums.loc[examples[g[0]].key] += (concordant, pairs, regret, 1, max(labels))
-        tables = stats.split_by_game(sums)
-        estimates = stats.bootstrap(tables, sibling_sums_statistic, samples, seed, ci)
-        counts = {**{game: table.sum() for game, table in tables.items()}, OVERALL: sums.sum()}
+        tables[name] = stats.split_by_game(sums)
+        estimates = stats.bootstrap(tables[name], sibling_sums_statistic, samples, seed, ci)
+        counts = {**{game: table.sum() for game, table in tables[name].items()}, OVERALL: sums.sum()}
         result["best_label"] = {group: entry.pop("best_label") for group, entry in estimates.items()}
         result["scorers"][name] = {group: {**entry, "pairs": int(counts[group]["pairs"]),
                                            "prefixes": int(counts[group]["states"])}
                                    for group, entry in estimates.items()}
+    for name in [name for name in scorers if name != "prm" and "prm" in scorers]:
+        paired = stats.bootstrap(tables["prm"], sibling_sums_statistic, samples, seed, ci, baseline=tables[name])
+        result["differences"][name] = {group: {metric: entry[metric] for metric in RANKING_DIFFERENCES}
+                                       for group, entry in paired.items()}
     return result
 
 
-GATE_BASELINES = ("candidate_length", "policy_logprob")   # the candidate-aware baselines a PRM must beat
+RANKING_DIFFERENCES = ("pairwise_accuracy", "top1_regret")
+GATE_BASELINES = {   # the baselines a PRM must beat within states, by what it reads (prm.input)
+    "candidate": ("candidate_length", "policy_logprob", "constant_mean"),
+    # a PRM that reads the game's answer must also beat the rule that reads the same answer with no model
+    "candidate_with_reply": ("candidate_length", "policy_logprob", "constant_mean", "rule"),
+}
+RIVAL_NAMES = {"constant_mean": "random pick"}   # constant_mean ties every sibling: a random pick's expectation
 
 
-def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict) -> dict:
+def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_input: str = "candidate",
+                 nonfinite: dict | None = None) -> dict:
     """Whether the trained PRM learned something a search can use, from its metrics on the ranked (held-out) side:
 
+    * ``finite``: its predictions are numbers (a PRM whose training diverged predicts NaN);
     * ``spread``: its predictions vary at least ``gate.min_spread_ratio`` as much as the labels (standard deviations);
       a PRM that collapsed to the base rate predicts nearly one value for every pair;
     * ``mean``: its mean prediction is within ``gate.max_mean_gap`` of the mean label;
-    * ``pairwise_accuracy`` and ``top1_regret``: within states, it ranks siblings better than the best of the
-      candidate-aware baselines (the candidate's length, the policy's log-probability, each read the way round its
-      train side supports) and than chance (a random pick), strictly, unless that best is already perfect.
+    * ``pairwise_accuracy`` and ``top1_regret``: within states, it ranks siblings better than each baseline of
+      :data:`GATE_BASELINES` (the candidate's length and the policy's log-probability, each read the way round its
+      train side supports, a random pick, and for a PRM that reads the game's answer the rule reading the same
+      answer), and pairwise better than chance (0.5). Better means that the paired bootstrap interval of the
+      difference (``ranking["differences"]``, the same resampled instances for both) lies wholly on the better side
+      of 0, and the PRM's own interval above 0.5: a point estimate ahead by luck does not pass (a random scorer on 40
+      states of 4 siblings beat the baselines' point estimates in 6 of 60 draws). Matching a baseline that is already
+      perfect is enough.
 
     Returns ``{"status", "checks": [{"check", "passed", "value", "threshold", "baseline", "message"}],
     "not_measured"}``, ``status`` ``failed`` when a check failed, ``passed`` when the checks made all passed, and
@@ -202,6 +223,12 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict) -> dic
         checks.append({"check": name, "passed": bool(passed), "value": round(float(value), 6),
                        "threshold": round(float(threshold), 6), "baseline": baseline, "message": message})
 
+    if nonfinite and any(nonfinite.values()):
+        count = sum(nonfinite.values())
+        add("finite", False, count, 0, None, f"{count} predictions are not finite numbers "
+            f"({', '.join(f'{side} {n}' for side, n in nonfinite.items() if n)}): the training diverged (lower prm.lr "
+            f"or raise prm.warmup_ratio)")
+        return {"status": "failed", "checks": checks, "not_measured": ["every other check: no finite predictions"]}
     if held_out and held_out.get("std_label"):
         ratio = held_out["std_prediction"] / held_out["std_label"]
         add("spread", ratio >= gate["min_spread_ratio"], ratio, gate["min_spread_ratio"], None,
@@ -214,30 +241,40 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict) -> dic
     else:
         not_measured.append("spread and mean: no held-out labels with any spread")
 
-    scorers = (ranking or {}).get("scorers") or {}
-    if (ranking or {}).get("pairs_with_different_labels") == 0:
-        scorers = {}   # siblings that all share a label rank nothing (every pick is as good): nothing to measure
+    ranking = ranking or {}
+    measured = ranking.get("pairs_with_different_labels") != 0   # siblings that share a label rank nothing
+    scorers = (ranking.get("scorers") or {}) if measured else {}
+    differences = (ranking.get("differences") or {}) if measured else {}
 
-    def overall(name: str, metric: str) -> float | None:
-        return (((scorers.get(name) or {}).get("overall") or {}).get(metric) or {}).get("value")
+    def overall(block: dict, metric: str) -> dict:
+        return ((block.get(OVERALL) or {}).get(metric)) or {}
 
-    for metric, chance, better, perfect in (("pairwise_accuracy", 0.5, max, 1.0), ("top1_regret", None, min, 0.0)):
-        value = overall("prm", metric)
-        rivals = {name: overall(name, metric) for name in GATE_BASELINES}
-        if chance is not None:
-            rivals["chance"] = chance
-        else:   # a random pick among siblings: constant_mean ties them all
-            rivals["random pick"] = overall("constant_mean", metric)
-        rivals = {name: v for name, v in rivals.items() if v is not None}
-        if value is None or not rivals:
+    for metric, sign, perfect in (("pairwise_accuracy", 1, 1.0), ("top1_regret", -1, 0.0)):
+        own = overall(scorers.get("prm") or {}, metric)
+        rivals = {name: overall(differences[name], metric) for name in GATE_BASELINES[prm_input]
+                  if overall(differences.get(name) or {}, metric).get("value") is not None}
+        if own.get("value") is None or not rivals:
             not_measured.append(f"{metric}: no held-out states with differently labelled siblings")
             continue
-        best = better(rivals, key=rivals.get)
-        # beating means strictly better, except that matching a baseline that is already perfect is enough
-        beats = (value > rivals[best] if better is max else value < rivals[best]) or value == rivals[best] == perfect
-        add(metric, beats, value, rivals[best], best,
-            f"within-state {metric.replace('_', ' ')} {value:.3f} vs {rivals[best]:.3f} of the best baseline, {best}"
-            f" ({', '.join(f'{name} {v:.3f}' for name, v in rivals.items())})")
+        verdicts = {}
+        for name, diff in rivals.items():
+            rival_value = own["value"] - diff["value"]
+            bound = diff["ci_low"] if sign > 0 else -diff["ci_high"]   # the worse end of the interval
+            verdicts[name] = bound > 0 or (own["value"] == rival_value == perfect)
+        if sign > 0:   # pairwise accuracy: chance is 0.5, a fixed value: the PRM's own interval must clear it
+            verdicts["chance"] = own["ci_low"] > 0.5 or own["value"] == perfect
+        lost = [name for name, beaten in verdicts.items() if not beaten]
+        described = [f"{RIVAL_NAMES.get(name, name)} {own['value'] - diff['value']:.3f} (difference "
+                     f"{diff['value']:+.3f} [{diff['ci_low']:+.3f}, {diff['ci_high']:+.3f}])"
+                     for name, diff in rivals.items()]
+        if sign > 0:
+            described.append(f"chance 0.500 (PRM interval [{own['ci_low']:.3f}, {own['ci_high']:.3f}])")
+        strongest = lost[0] if lost else max(rivals, key=lambda name: -sign * rivals[name]["value"])
+        threshold = 0.5 if strongest == "chance" else own["value"] - rivals[strongest]["value"]
+        add(metric, not lost, own["value"], threshold, RIVAL_NAMES.get(strongest, strongest),
+            f"within-state {metric.replace('_', ' ')} {own['value']:.3f}; "
+            + (f"not clearly better than {', '.join(RIVAL_NAMES.get(n, n) for n in lost)}" if lost
+               else "clearly better than every baseline") + f" ({'; '.join(described)})")
     status = "not_measured" if not checks else "passed" if all(c["passed"] for c in checks) else "failed"
     return {"status": status, "checks": checks, "not_measured": not_measured}
 
