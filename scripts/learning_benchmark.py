@@ -1,22 +1,26 @@
-"""The learning benchmark over seeds: the pipeline once per seed, then one table of the PRM and the searches.
+"""The learning benchmark over seeds: the pipeline once per seed and regime, then one table of the PRMs and searches.
 
-    python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test] [--config configs/learning.yaml]
+    python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test] [--regimes blind lookahead]
+                                         [--config configs/learning.yaml] [--lookahead configs/lookahead.yaml]
                                          [--workdir runs/learning] [--cores 2] [--table-only] [--add SEEDS_JSON ...]
 
-Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/`` with the benchmark config and
+Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/blind/`` with the benchmark config and
 ``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result; a
-finished seed is up to date and costs nothing), then
-``WORKDIR/seeds.md`` and ``seeds.json`` get the table of :mod:`clemprm.evaluation.seeds`: per seed and on average,
-the PRM's within-state metrics against every baseline, its quality gate, and every search's differences to
-``random_of_n`` and to its log-probability control. A claim holds when it holds on the mean over at least three
-seeds; ``--split test`` (the untouched split) is the final check. Each seed's row names the commit that ran it;
-``--add`` joins the rows of tables made elsewhere (another machine, a cluster job, an earlier run) to the table.
+finished seed is up to date and costs nothing): the blind regime, the PRM reading the candidate alone. Then
+``WORKDIR/seed-<seed>/lookahead/`` starts as a copy of the blind run up to the soft labels (mtimes and Snakemake's
+metadata kept: nothing upstream reruns) and runs with ``--lookahead`` on top: the PRM trained again to read the
+game's reply, and the lookahead searches with their rule controls. ``WORKDIR/seeds.md`` and ``seeds.json`` get the
+table of :mod:`clemprm.evaluation.seeds`: per seed and on the mean over the seeds, blind rows first. A claim holds
+when it holds on the mean over at least three seeds; ``--split test`` (the untouched split) is the final check.
+Each seed's row names the commit that ran it; ``--add`` joins the rows of tables made elsewhere (another machine, a
+cluster job, an earlier run) to the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -29,22 +33,42 @@ from clemprm.evaluation import seeds
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_seed(seed: int, args: argparse.Namespace) -> Path:
-    """The pipeline for one seed in its own folder; returns its summary's path."""
-    workdir = Path(args.workdir) / f"seed-{seed}"
+# what the lookahead run makes anew (its PRM reads the reply, its searches play forks); the rest it takes from blind
+LOOKAHEAD_REMADE = ("prm", "eval", "prm_eval.json", "clembench", "report", "benchmarks", "logs")
+
+
+def seed_dir(seed: int, regime: str, args: argparse.Namespace) -> Path:
+    return Path(args.workdir) / f"seed-{seed}" / regime
+
+
+def start_lookahead(blind: Path, lookahead: Path) -> None:
+    """The lookahead run's folder as a copy of the blind run's up to the soft labels (once)."""
+    if lookahead.exists():
+        return
+    shutil.copytree(blind / ".snakemake" / "metadata", lookahead / ".snakemake" / "metadata")
+    shutil.copytree(blind / "results", lookahead / "results",   # copy2 keeps each file's mtime
+                    ignore=lambda folder, names: LOOKAHEAD_REMADE if Path(folder) == blind / "results" else ())
+
+
+def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
+    """The pipeline for one seed in one regime, in its own folder; returns its summary's path."""
+    workdir = seed_dir(seed, regime, args)
+    if regime == "lookahead":
+        start_lookahead(seed_dir(seed, "blind", args), workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     override = workdir / "seed.yaml"
     # a PRM that fails its quality gate is a result here: the searches run on it and the table shows the gate
     override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}, "on_failure": "continue"}))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(args.cores),
                "--directory", str(workdir), "--rerun-incomplete", "results/prm_eval.json",
-               "--configfile", str(Path(args.config).resolve()), str(override)]
+               "--configfile", str(Path(args.config).resolve()),
+               *([str(Path(args.lookahead).resolve())] if regime == "lookahead" else []), str(override)]
     summary = workdir / "results" / "prm_eval.json"
     made_before = summary.stat().st_mtime_ns if summary.is_file() else None
     start = time.perf_counter()
-    print(f"[learning benchmark] seed {seed}: {' '.join(command)}", flush=True)
+    print(f"[learning benchmark] seed {seed}, {regime}: {' '.join(command)}", flush=True)
     subprocess.run(command, check=True)
-    print(f"[learning benchmark] seed {seed}: done in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"[learning benchmark] seed {seed}, {regime}: done in {time.perf_counter() - start:.0f} s", flush=True)
     if summary.stat().st_mtime_ns != made_before:   # an up-to-date seed keeps the commit that made its summary
         (workdir / "commit.txt").write_text(commit() + "\n")
     return summary
@@ -62,7 +86,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 42])
     parser.add_argument("--split", default="test", choices=["validation", "test"])
+    parser.add_argument("--regimes", nargs="+", default=["blind", "lookahead"], choices=["blind", "lookahead"])
     parser.add_argument("--config", default=str(REPO / "configs" / "learning.yaml"))
+    parser.add_argument("--lookahead", default=str(REPO / "configs" / "lookahead.yaml"),
+                        help="the config on top of --config for the lookahead regime")
     parser.add_argument("--workdir", default="runs/learning")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--table-only", action="store_true", help="only tabulate the seeds already run")
@@ -71,13 +98,17 @@ def main() -> None:
     args = parser.parse_args()
     rows = {seed: row for path in args.add for seed, row in seeds.rows_of(json.loads(Path(path).read_text())).items()}
     for seed in args.seeds:
-        path = Path(args.workdir) / f"seed-{seed}" / "results" / "prm_eval.json"
-        if not args.table_only:
-            path = run_seed(seed, args)
-        if path.is_file():
-            ran_on = path.parent.parent / "commit.txt"
-            rows[seed] = {**seeds.seed_row(json.loads(path.read_text())),
-                          "commit": ran_on.read_text().strip() if ran_on.is_file() else "unknown"}
+        row = {}
+        for regime in args.regimes:   # blind first: the lookahead run starts from its soft labels
+            path = seed_dir(seed, regime, args) / "results" / "prm_eval.json"
+            if not args.table_only:
+                path = run_seed(seed, regime, args)
+            if path.is_file():
+                ran_on = path.parent.parent / "commit.txt"
+                row.update(seeds.seed_row(json.loads(path.read_text())))
+                row[f"{regime}/commit"] = ran_on.read_text().strip() if ran_on.is_file() else "unknown"
+        if row:
+            rows[seed] = row
     table = seeds.seeds_table(rows)
     out = Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The learning benchmark's table over seeds (clemprm.evaluation.seeds) on real summaries: the tiny pipeline's
-prm_eval.json, and the same summary with its PRM made worse."""
+prm_eval.json (blind: the default), the same summary with its PRM made worse, and a lookahead summary made from it."""
 
 from __future__ import annotations
 
@@ -12,33 +12,63 @@ from clemprm.evaluation import seeds
 
 def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the_mean(completed_run):
     summary = json.loads((completed_run.workdir / "results/prm_eval.json").read_text())
+    assert summary["prm"]["input"] == "candidate" and seeds.prm_regime(summary) == "blind"
     row = seeds.seed_row(summary)
     prm_accuracy = summary["prm"]["ranking"]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"]
     if prm_accuracy is None:   # the tiny run's held-out siblings may all share a label
-        assert math.isnan(row["ranking/prm/pairwise_accuracy"])
+        assert math.isnan(row["blind/ranking/prm/pairwise_accuracy"])
     else:
-        assert row["ranking/prm/pairwise_accuracy"] == prm_accuracy
+        assert row["blind/ranking/prm/pairwise_accuracy"] == prm_accuracy
+    assert "blind/ranking/acceptance/pairwise_accuracy" in row   # the reference row beside the blind PRM
     # % played is defined whatever was played (quality is not when nothing was)
-    beam = summary["differences"]["random_of_n"]["beam_search"]["overall"]["percent_played"]["value"]
-    assert row["difference/beam_search-random_of_n/percent_played"] == beam
-    assert row["gate"] == summary["prm"]["gate"]["status"]
-    assert math.isnan(row["difference/beam_search-beam_search_logprob/quality"])   # not a default mode
+    best = summary["differences"]["random_of_n"]["best_of_n"]["overall"]["percent_played"]
+    assert row["blind/difference/best_of_n-random_of_n/percent_played"] == best["value"]
+    assert row["blind/difference/best_of_n-random_of_n/percent_played/ci"] == (
+        f"[{best['ci_low']:+.3f}, {best['ci_high']:+.3f}]")
+    assert row["blind/gate"] == summary["prm"]["gate"]["status"]
+    assert not any(key.startswith("lookahead/") for key in row)   # no lookahead mode in the default run
 
     worse = copy.deepcopy(summary)
     overall = worse["prm"]["ranking"]["scorers"]["prm"]["overall"]
     overall["pairwise_accuracy"]["value"] = 0.0
-    worse["differences"]["random_of_n"]["beam_search"]["overall"]["percent_played"]["value"] = beam - 10
+    worse["differences"]["random_of_n"]["best_of_n"]["overall"]["percent_played"]["value"] = best["value"] - 10
     table = seeds.seeds_table({7: seeds.seed_row(summary), 11: {**seeds.seed_row(worse), "commit": "abc1234"}})
     assert set(table["seeds"]) == {7, 11}
-    key = "difference/beam_search-random_of_n/percent_played"
-    assert table["mean"][key] == beam - 5 and table["sd"][key] == math.sqrt(50)
-    claim = table["claims"]["beam_search beats random_of_n on percent_played"]
-    assert claim == (beam - 5 > 0)
-    assert table["claims"]["best_of_n beats best_of_n_logprob on quality"] is None    # no such mode in the run
+    key = "blind/difference/best_of_n-random_of_n/percent_played"
+    assert table["mean"][key] == best["value"] - 5 and table["sd"][key] == math.sqrt(50)
+    assert table["claims"]["blind: best_of_n beats random_of_n on percent_played"] == (best["value"] - 5 > 0)
+    assert table["claims"]["lookahead: beam_search beats beam_search_rule on quality"] is None   # not in the run
     assert "commit" not in table["mean"]
     text = seeds.markdown(table)
-    assert "| seed 7 | seed 11 | mean | sd |" in text and "beam_search beats random_of_n on percent_played" in text
+    assert "| seed 7 | seed 11 | mean | sd |" in text and "blind: best_of_n beats random_of_n on percent_played" in text
     assert "| commit | n/a | abc1234 |" in text
     # a table written as JSON (NaN included) reads back to the same rows: seeds run elsewhere join a later table
     again = seeds.seeds_table(seeds.rows_of(json.loads(json.dumps(table, allow_nan=True))))
     assert json.dumps(again, allow_nan=True, sort_keys=True) == json.dumps(table, allow_nan=True, sort_keys=True)
+
+
+def test_a_mean_is_taken_over_the_same_seeds_only(completed_run):
+    """A figure one seed lacks has no mean: two means in one claim never come from different seeds."""
+    summary = json.loads((completed_run.workdir / "results/prm_eval.json").read_text())
+    row = seeds.seed_row(summary)
+    key = "blind/difference/best_of_n-random_of_n/percent_played"
+    partial = {k: v for k, v in row.items() if not k.startswith(key)}
+    table = seeds.seeds_table({7: row, 11: row, 42: partial})
+    assert math.isnan(table["mean"][key]) and key in table["incomplete"]
+    assert table["claims"]["blind: best_of_n beats random_of_n on percent_played"] is None
+    assert "No mean (a seed lacks the figure): " in seeds.markdown(table)
+
+
+def test_a_lookahead_run_is_tabulated_apart_against_its_rule_control(completed_run):
+    """A summary whose PRM read the game's reply: its ranking rows are lookahead rows, and a record of best_of_n
+    read as lookahead (made before the regimes) never counts as a blind search."""
+    summary = json.loads((completed_run.workdir / "results/prm_eval.json").read_text())
+    lookahead = copy.deepcopy(summary)
+    lookahead["prm"]["input"] = "candidate_with_reply"
+    lookahead["modes"]["best_of_n"]["regime"] = "lookahead"
+    row = seeds.seed_row(lookahead)
+    assert "lookahead/ranking/prm/pairwise_accuracy" in row and "lookahead/gate" in row
+    assert not any(key.startswith("blind/ranking") or key.startswith("blind/difference/best_of_n") for key in row)
+    legacy = copy.deepcopy(summary)
+    del legacy["prm"]["input"]   # a PRM from before prm.input read the reply
+    assert seeds.prm_regime(legacy) == "lookahead"

@@ -1,11 +1,19 @@
-"""The learning benchmark over seeds: one table from the ``prm_eval.json`` of each seed's run.
+"""The learning benchmark over seeds: one table from each seed's ``prm_eval.json``, blind and lookahead apart.
 
-A claim of the pipeline (the PRM ranks siblings better than the baselines; PRM-guided search plays better than the
-random pick among the same candidates and than the same search ranked by the policy's log-probability) holds when
-it holds on average over the seeds, each seed a different draw of train instances, labels and episodes. Per seed and
-on average (with the standard deviation over seeds): the PRM's within-state pairwise accuracy and top-1 regret next
-to every baseline's, its quality gate, and each search's differences in % played and quality to ``random_of_n`` and
-to its log-probability control. ``scripts/learning_benchmark.py`` runs the seeds and writes the table.
+A claim of the pipeline holds when it holds on average over the seeds, each seed a different draw of train
+instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.search`):
+
+* ``blind/...``: the PRM that reads the candidate alone, within states against the candidate's length, the policy's
+  log-probability and a random pick, beside the game's acceptance of the candidate (a reference: what a blind
+  scorer gets if it knows only the rules' validity verdict); blind ``best_of_n`` against ``random_of_n`` and
+  ``best_of_n_logprob``. These are the figures comparable with clembench.
+* ``lookahead/...``: the PRM that reads the game's answer, against the same baselines and the rule that reads the
+  same answer with no model; ``best_of_n_lookahead`` against ``best_of_n_rule``, ``beam_search`` against
+  ``beam_search_rule`` and ``beam_search_logprob``.
+
+A mean is taken only over seeds that all have the figure (a figure missing in one seed has no mean), so that the
+two sides of a claim always average the same seeds. ``scripts/learning_benchmark.py`` runs the seeds and writes the
+table.
 """
 
 from __future__ import annotations
@@ -18,8 +26,14 @@ from clemprm.stats import OVERALL
 
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
 DIFFERENCE_METRICS = ("percent_played", "quality")
-SEARCH_CONTROLS = {"best_of_n": "best_of_n_logprob", "beam_search": "beam_search_logprob"}   # search -> its control
-RANDOM_CONTROL = "random_of_n"
+RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
+                     "lookahead": ("candidate_length", "policy_logprob", "constant_mean", "rule")}
+REFERENCES = {"blind": ("acceptance",), "lookahead": ()}   # tabulated, not claimed against
+SEARCH_CONTROLS = {   # regime -> search -> its controls
+    "blind": {"best_of_n": ("random_of_n", "best_of_n_logprob")},
+    "lookahead": {"best_of_n_lookahead": ("best_of_n_rule",),
+                  "beam_search": ("beam_search_rule", "beam_search_logprob")},
+}
 
 
 def _value(estimate: dict | None) -> float:
@@ -27,37 +41,72 @@ def _value(estimate: dict | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def _interval(estimate: dict | None) -> str | None:
+    if not estimate or estimate.get("ci_low") is None:
+        return None
+    return f"[{estimate['ci_low']:+.3f}, {estimate['ci_high']:+.3f}]"
+
+
+def prm_regime(summary: dict) -> str | None:
+    """The regime of a summary's PRM: blind for one that read the candidate alone, lookahead for one that read the
+    game's reply (a PRM from before ``prm.input`` existed read it); None without a PRM."""
+    prm = summary.get("prm")
+    if not prm:
+        return None
+    return "blind" if prm.get("input") == "candidate" else "lookahead"
+
+
 def seed_row(summary: dict) -> dict[str, float | str]:
-    """The benchmark's figures of one run's summary, flat: ``ranking/<scorer>/<metric>``,
-    ``difference/<search>-<control>/<metric>``, ``gate``; NaN where the run has no such figure."""
+    """The benchmark's figures of one run's summary, flat, each key led by its regime:
+    ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/difference/<search>-<control>/<metric>`` (with the paired
+    interval as text under the same key + ``/ci``), ``<regime>/gate``. A run holds one PRM, so one regime's ranking;
+    its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
-    prm = summary.get("prm") or {}
-    for scorer, groups in ((prm.get("ranking") or {}).get("scorers") or {}).items():
-        for metric in RANKING_METRICS:
-            row[f"ranking/{scorer}/{metric}"] = _value((groups.get(OVERALL) or {}).get(metric))
-    row["gate"] = (prm.get("gate") or {}).get("status") or "n/a"
+    regime = prm_regime(summary)
+    if regime is not None:
+        prm = summary["prm"]
+        ranking = prm.get("ranking") or {}
+        for scorer, groups in (ranking.get("scorers") or {}).items():
+            for metric in RANKING_METRICS:
+                row[f"{regime}/ranking/{scorer}/{metric}"] = _value((groups.get(OVERALL) or {}).get(metric))
+        for scorer, groups in (ranking.get("differences") or {}).items():
+            for metric in RANKING_METRICS:
+                interval = _interval((groups.get(OVERALL) or {}).get(metric))
+                if interval:
+                    row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
+        row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
     differences = summary.get("differences") or {}
-    for search, control in SEARCH_CONTROLS.items():
-        for baseline in (RANDOM_CONTROL, control):
-            overall = ((differences.get(baseline) or {}).get(search) or {}).get(OVERALL) or {}
-            for metric in DIFFERENCE_METRICS:
-                row[f"difference/{search}-{baseline}/{metric}"] = _value(overall.get(metric))
+    modes = summary.get("modes") or {}
+    for mode_regime, searches in SEARCH_CONTROLS.items():
+        for search, controls in searches.items():
+            if (modes.get(search) or {}).get("regime", mode_regime) != mode_regime:
+                continue   # e.g. best_of_n records made before the regimes (read as lookahead)
+            for control in controls:
+                overall = ((differences.get(control) or {}).get(search) or {}).get(OVERALL) or {}
+                for metric in DIFFERENCE_METRICS:
+                    key = f"{mode_regime}/difference/{search}-{control}/{metric}"
+                    row[key] = _value(overall.get(metric))
+                    if interval := _interval(overall.get(metric)):
+                        row[f"{key}/ci"] = interval
     return row
 
 
 def seeds_table(rows: dict[int, dict]) -> dict:
-    """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate or the
-    commit that ran it); their mean and standard deviation over the seeds that have them; and the claims, each
-    holding when it holds on the mean."""
+    """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate, an
+    interval or the commit that ran it); their mean and standard deviation over the seeds, only where every seed has
+    the figure (``incomplete`` lists the others); and the claims, each holding when it holds on the mean."""
     rows = dict(sorted(rows.items()))
     keys = sorted({key for row in rows.values() for key, value in row.items() if not isinstance(value, str)})
-    mean, sd = {}, {}
+    mean, sd, incomplete = {}, {}, []
     for key in keys:
         values = np.array([row.get(key, math.nan) for row in rows.values()], dtype=float)
-        values = values[~np.isnan(values)]
-        mean[key] = float(values.mean()) if values.size else math.nan
+        if np.isnan(values).any():
+            incomplete.append(key)
+            mean[key] = sd[key] = math.nan
+            continue
+        mean[key] = float(values.mean())
         sd[key] = float(values.std(ddof=1)) if values.size > 1 else math.nan
-    return {"seeds": rows, "mean": mean, "sd": sd, "claims": claims(mean)}
+    return {"seeds": rows, "mean": mean, "sd": sd, "incomplete": incomplete, "claims": claims(mean)}
 
 
 def rows_of(table: dict) -> dict[int, dict]:
@@ -67,39 +116,51 @@ def rows_of(table: dict) -> dict[int, dict]:
 
 
 def claims(mean: dict[str, float]) -> dict[str, bool | None]:
-    """The benchmark's claims on the means (None where a figure is missing)."""
+    """The benchmark's claims on the means, per regime (None where a figure is missing)."""
     def compare(a: str, b: str, higher: bool = True) -> bool | None:
         x, y = mean.get(a, math.nan), mean.get(b, math.nan)
         return None if math.isnan(x) or math.isnan(y) else (x > y if higher else x < y)
 
     result = {}
-    for baseline in ("candidate_length", "policy_logprob", "constant_mean"):
-        result[f"prm ranks siblings better than {baseline} (pairwise accuracy)"] = compare(
-            "ranking/prm/pairwise_accuracy", f"ranking/{baseline}/pairwise_accuracy")
-        result[f"prm picks better than {baseline} (top-1 regret)"] = compare(
-            "ranking/prm/top1_regret", f"ranking/{baseline}/top1_regret", higher=False)
-    for search, control in SEARCH_CONTROLS.items():
-        for baseline in (RANDOM_CONTROL, control):
-            for metric in DIFFERENCE_METRICS:
-                value = mean.get(f"difference/{search}-{baseline}/{metric}", math.nan)
-                result[f"{search} beats {baseline} on {metric}"] = None if math.isnan(value) else value > 0
+    for regime, baselines in RANKING_BASELINES.items():
+        for baseline in baselines + REFERENCES[regime]:
+            reference = " (reference)" if baseline in REFERENCES[regime] else ""
+            result[f"{regime}: prm ranks siblings better than {baseline}{reference} (pairwise accuracy)"] = compare(
+                f"{regime}/ranking/prm/pairwise_accuracy", f"{regime}/ranking/{baseline}/pairwise_accuracy")
+            result[f"{regime}: prm picks better than {baseline}{reference} (top-1 regret)"] = compare(
+                f"{regime}/ranking/prm/top1_regret", f"{regime}/ranking/{baseline}/top1_regret", higher=False)
+    for regime, searches in SEARCH_CONTROLS.items():
+        for search, controls in searches.items():
+            for control in controls:
+                for metric in DIFFERENCE_METRICS:
+                    value = mean.get(f"{regime}/difference/{search}-{control}/{metric}", math.nan)
+                    result[f"{regime}: {search} beats {control} on {metric}"] = (None if math.isnan(value)
+                                                                                 else value > 0)
     return result
 
 
 def markdown(table: dict) -> str:
-    """The table as Markdown: one column per seed, then the mean and the standard deviation; then the claims."""
+    """The table as Markdown: one column per seed (a difference with its paired interval), then the mean and the
+    standard deviation over the seeds; blind figures first, then lookahead; then the claims."""
     seeds = list(table["seeds"])
-    keys = sorted({key for row in table["seeds"].values() for key in row})
+    keys = sorted({key for row in table["seeds"].values() for key in row if not key.endswith("/ci")},
+                  key=lambda key: (not key.startswith("blind/"), key))
 
     def show(value) -> str:
         return value if isinstance(value, str) else "n/a" if value is None or math.isnan(value) else f"{value:.3f}"
 
+    def cell(row: dict, key: str) -> str:
+        interval = row.get(f"{key}/ci")
+        return show(row.get(key, math.nan)) + (f" {interval}" if interval else "")
+
     lines = ["| figure | " + " | ".join(f"seed {seed}" for seed in seeds) + " | mean | sd |",
              "|---|" + "---|" * (len(seeds) + 2)]
     for key in keys:
-        cells = [show(table["seeds"][seed].get(key, math.nan)) for seed in seeds]
+        cells = [cell(table["seeds"][seed], key) for seed in seeds]
         lines.append(f"| {key} | " + " | ".join(cells) + f" | {show(table['mean'].get(key, ''))} | "
                      f"{show(table['sd'].get(key, ''))} |")
+    if table.get("incomplete"):
+        lines += ["", "No mean (a seed lacks the figure): " + ", ".join(table["incomplete"])]
     lines += ["", "| claim (on the mean over seeds) | holds |", "|---|---|"]
     lines += [f"| {claim} | {'n/a' if holds is None else 'yes' if holds else 'no'} |"
               for claim, holds in table["claims"].items()]
