@@ -47,3 +47,11 @@ rule all:
         expand("results/merged/{name}", name=MERGED_ADAPTERS),
         SCORE_TARGETS,
     default_target: True
+
+
+onsuccess:
+    # the run ends with its results table (clemprm summary): the answer, not only the files
+    if os.path.isfile("results/prm_eval.json"):
+        from clemprm.cli import main as clemprm_main
+
+        clemprm_main(["summary", "results/prm_eval.json"])

@@ -42,6 +42,21 @@ def check_config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def summary_command(args: argparse.Namespace) -> int:
+    """The results table of a run's ``prm_eval.json`` (what the pipeline prints when it finishes)."""
+    import json
+
+    from clemprm.evaluation.console import summary_table
+
+    try:
+        summary = json.loads(open(args.path).read())
+    except (OSError, ValueError) as error:
+        print(f"clemprm summary: {args.path}: {error}", file=sys.stderr)
+        return 2
+    print(summary_table(summary, args.path))
+    return 0
+
+
 def publish_command(args: argparse.Namespace) -> int:
     """Upload an adapter folder or merged checkpoint (with its model card) to the Hub; opt-in, never in the DAG."""
     from clemprm.model_card import PublishError, publish_folder
@@ -80,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--schema-only", action="store_true",
                        help="only the schema: not the models, games and folders the config names")
     check.set_defaults(run=check_config_command)
+    summary = commands.add_parser("summary", help="print the results table of a run (its prm_eval.json): per mode "
+                                                  "% played, quality and clemscore with CIs, each search against its "
+                                                  "controls, the PRM against its baselines and its quality gate")
+    summary.add_argument("path", nargs="?", default="results/prm_eval.json", metavar="PATH",
+                         help="a prm_eval.json (default results/prm_eval.json)")
+    summary.set_defaults(run=summary_command)
     publish = commands.add_parser("publish", help="upload an adapter folder or merged checkpoint, with its model "
                                                   "card, to a Hugging Face Hub model repo (needs a token and network)")
     publish.add_argument("folder", metavar="FOLDER", help="e.g. results/sft/adapter or results/merged/sft")

@@ -51,8 +51,9 @@ def test_the_walk_finds_the_integer_keys():
             "sft.max_examples", "rl.lora.r", "rl.states.max_per_episode", "seed"} <= set(INTEGER_KEYS)
 
 
-@pytest.mark.parametrize("key", sorted(INTEGER_KEYS))
-def test_every_integer_key_rejects_a_whole_number_float_naming_the_key(key):
+def default_with_section_of(key: str) -> tuple[dict, dict, str]:
+    """A copy of the default config, the section in it that holds the dotted ``key`` and the key's own name (a null
+    section on the way, such as rl.lora, becomes a LoRA section)."""
     config = copy.deepcopy(DEFAULT)
     *parents, name = key.split(".")
     section = config
@@ -60,6 +61,12 @@ def test_every_integer_key_rejects_a_whole_number_float_naming_the_key(key):
         if section.get(part) is None:   # rl.lora: null (train the SFT adapter) or a LoRA
             section[part] = copy.deepcopy(DEFAULT["sft"]["lora"])
         section = section[part]
+    return config, section, name
+
+
+@pytest.mark.parametrize("key", sorted(INTEGER_KEYS))
+def test_every_integer_key_rejects_a_whole_number_float_naming_the_key(key):
+    config, section, name = default_with_section_of(key)
     default = section.get(name)
     value = float(default) if isinstance(default, int) else float(INTEGER_KEYS[key].get("minimum", 1))
     section[name] = value
@@ -270,13 +277,7 @@ def test_the_walk_finds_the_number_keys():
 def test_every_number_key_refuses_nan_and_infinity_naming_the_key(key, value):
     """jsonschema's minimum and maximum never fail on NaN, and .inf passes exclusiveMinimum: 0: a NaN label temperature
     ran every continuation to its token limit."""
-    config = copy.deepcopy(DEFAULT)
-    *parents, name = key.split(".")
-    section = config
-    for part in parents:
-        if section.get(part) is None:   # rl.lora: null (train the SFT adapter) or a LoRA
-            section[part] = copy.deepcopy(DEFAULT["sft"]["lora"])
-        section = section[part]
+    config, section, name = default_with_section_of(key)
     section[name] = value
     with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': {value} is not a finite number")):
         validate_config(config)

@@ -791,13 +791,36 @@ def untrained_prm(tmp_path_factory, test_cache_dir):
 
 
 def test_a_prm_that_learned_nothing_stops_the_stage_naming_the_metric_and_the_baseline(untrained_prm, test_cache_dir):
+    """prm.gate.on_failure: stop (configs/cluster.yaml), or inherit under the run's on_failure: stop."""
     from clemprm.checks.run_time import StageFailure
 
+    from pathlib import Path
+
+    from clemprm.config import merge_config_files
+
+    cluster = Path(__file__).resolve().parent.parent / "configs" / "cluster.yaml"
+    assert merge_config_files([str(cluster)])["prm"]["gate"]["on_failure"] == "stop"
     tmp, settings, labels = untrained_prm
-    with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not pass its quality gate: spread: .*"
-                                           r"pairwise_accuracy: .* not clearly better than \w+"):
-        prm.train_prm(settings, labels, str(tmp / "stop-adapter"), str(tmp / "stop.json"), test_cache_dir)
-    assert not (tmp / "stop-adapter").exists() and not (tmp / "stop.json").exists()
+    for action, folder in (("stop", "stop"), ("inherit", "inherit")):
+        gated = {**settings, "prm": {**settings["prm"], "gate": {**settings["prm"]["gate"], "on_failure": action}}}
+        with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not pass its quality gate: spread: .*"
+                                               r"pairwise_accuracy: .* not clearly better than \w+"):
+            prm.train_prm(gated, labels, str(tmp / f"{folder}-adapter"), str(tmp / f"{folder}.json"), test_cache_dir,
+                          on_failure="stop")
+        assert not (tmp / f"{folder}-adapter").exists() and not (tmp / f"{folder}.json").exists()
+
+
+def test_by_default_a_failed_gate_reports_and_the_run_goes_on(untrained_prm, test_cache_dir):
+    """The default prm.gate.on_failure: continue, even where the run's on_failure is stop: the first run finishes
+    and its summary says the PRM failed."""
+    from clemprm.checks.run_time import read_failure_marks
+
+    tmp, settings, labels = untrained_prm
+    assert settings["prm"]["gate"]["on_failure"] == "continue"
+    metrics = prm.train_prm(settings, labels, str(tmp / "report-adapter"), str(tmp / "report.json"), test_cache_dir,
+                            on_failure="stop")
+    assert metrics["gate"]["status"] == "failed" and (tmp / "report-adapter/adapter_model.safetensors").is_file()
+    assert [mark["condition"] for mark in read_failure_marks(tmp / "report.json")] == ["prm_not_learned"]
 
 
 def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_searched_with_the_prm(

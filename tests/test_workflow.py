@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from clemprm import records
-from clemprm.evaluation import evaluate, report
+from clemprm.evaluation import console, evaluate, report
 from clemprm.config import load_config
 from tests.conftest import CompletedRun, copy_of_run
 
@@ -212,6 +212,25 @@ def test_eval_modes_and_summary(completed_run):
     prm_metrics = json.loads((results / "prm/metrics.json").read_text())
     assert summary["prm"] == evaluate.prm_summary(prm_metrics) and summary["prm"]["ranking"]["prefixes"] > 0
     assert set(summary["prm"]["ranking"]["scorers"]) == set(evaluate.RANKING_SCORERS)
+
+
+def test_the_run_ends_with_its_results_table(completed_run):
+    """The last thing a run prints is the table of its prm_eval.json (clemprm summary): every mode's row holds its
+    overall % played, quality and clemscore with their intervals, and the PRM's gate verdict is there."""
+    summary = json.loads((completed_run.workdir / "results/prm_eval.json").read_text())
+    printed = console.summary_table(summary, "results/prm_eval.json")
+    assert printed in completed_run.output
+    lines = printed.splitlines()
+    for mode, entry in summary["modes"].items():
+        overall = entry["results"]["overall"]
+        row = next(line for line in lines if line.strip().startswith(f"{mode} "))
+        for metric in console.METRICS:
+            assert console.estimate(overall[metric]) in row, (mode, metric)
+    difference = summary["differences"]["random_of_n"]["best_of_n"]["overall"]["quality"]
+    row = next(line for line in lines if line.strip().startswith("best_of_n - random_of_n"))
+    assert console.estimate(difference, signed=True) in row
+    assert f"quality gate: {summary['prm']['gate']['status']}".lower() in printed.lower()
+    assert "BLIND: one answer per turn" in printed and "LOOKAHEAD" not in printed   # the default is blind only
 
 
 def test_report_figures_show_their_inputs(completed_run):

@@ -468,8 +468,9 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     policy whose log-probabilities are a baseline (None: the base policy). ``episode_paths``: the played episodes
     whose answers the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that gets
     every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
-    (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) stops the stage naming the metric and the
-    baseline, or with ``on_failure: continue`` is written with a failure mark (:mod:`clemprm.checks.run_time`)."""
+    (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) is written with a failure mark
+    (:mod:`clemprm.checks.run_time`) that the summary reports, or, with ``prm.gate.on_failure: stop`` (``inherit``:
+    the run's ``on_failure``), stops the stage naming the metric and the baseline."""
     import transformers
     from peft import get_peft_model
 
@@ -546,7 +547,8 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
                            eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
                            baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"], prm["input"]))
         log.info("%s", gate_lines(metrics["gate"]))
-        metrics.update(marks_metadata(untrained_marks(metrics, on_failure) + gate_marks(metrics["gate"], on_failure)))
+        gate_action = on_failure if prm["gate"]["on_failure"] == "inherit" else prm["gate"]["on_failure"]
+        metrics.update(marks_metadata(untrained_marks(metrics, on_failure) + gate_marks(metrics["gate"], gate_action)))
         write_adapter(model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
     write_adapter_card("prm", adapter_dir, metrics)   # after finish_metrics: the final metrics
