@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 
 import pytest
 import torch
@@ -732,6 +733,19 @@ def test_a_diverged_prm_fails_the_gate_by_name():
     gate = prm_metrics.quality_gate(None, None, gate_settings(), nonfinite={"train": 4, "heldout": 2})
     assert gate["status"] == "failed" and [c["check"] for c in gate["checks"]] == ["finite"]
     assert "6 predictions are not finite" in gate["checks"][0]["message"] and "prm.lr" in gate["checks"][0]["message"]
+
+
+def test_a_prm_whose_predictions_are_nan_fails_its_gate_by_name_not_in_scikit_learn(tmp_path, test_cache_dir,
+                                                                                       monkeypatch):
+    """A diverged PRM predicts NaN: the stage names it ("not finite") instead of dying in an AUROC."""
+    from clemprm.checks.run_time import StageFailure
+
+    monkeypatch.setattr(prm.PRMScorer, "score_ids", lambda self, sequences, keys=None: [math.nan] * len(sequences))
+    settings = prm_settings(epochs=1, batch_size=8, grad_accum=1)
+    settings["prm"]["gate"] = {**settings["prm"]["gate"], "on_failure": "stop"}
+    labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:16])
+    with pytest.raises(StageFailure, match=r"finite: \d+ predictions are not finite numbers .*lower prm.lr"):
+        prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
 
 
 def test_a_random_prm_on_random_labels_rarely_passes_the_ranking_checks():
