@@ -40,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from clemprm.models.loader import ModelConfig  # noqa: E402
 from clemprm.models.prm import PRMScorer, encode_pair  # noqa: E402
+from clemprm.search import Pair  # noqa: E402
 
 FEEDBACK = ["Your guess is too low. The number is higher.", "Your guess is too high. The number is lower.",
             "That is not a valid answer. Please answer with GUESS: and a number.", "Wrong word. Try again."]
@@ -59,20 +60,21 @@ def make_candidate(rng: random.Random) -> str:
     return f"GUESS: {rng.randint(1, 100)}" + " because it is halfway" * rng.randint(0, 2)
 
 
-def make_pairs(n: int, max_exchanges: int, seed: int = 0) -> list[tuple[list[dict], str, str]]:
+def make_pairs(n: int, max_exchanges: int, seed: int = 0) -> list[Pair]:
     """``n`` pairs, each with a prefix of its own and the game's reply."""
     rng = random.Random(seed)
-    return [(make_prefix(i, rng, max_exchanges), make_candidate(rng), rng.choice(FEEDBACK)) for i in range(n)]
+    return [Pair(make_prefix(i, rng, max_exchanges), make_candidate(rng), rng.choice(FEEDBACK), True)
+            for i in range(n)]
 
 
-def make_best_of_n(n_prefixes: int, n_candidates: int, max_exchanges: int,
-                   seed: int = 0) -> list[tuple[list[dict], str, str]]:
+def make_best_of_n(n_prefixes: int, n_candidates: int, max_exchanges: int, seed: int = 0) -> list[Pair]:
     """``n_candidates`` candidates of different lengths for each of ``n_prefixes`` prefixes, in order."""
     rng = random.Random(seed)
     pairs = []
     for i in range(n_prefixes):
         prefix = make_prefix(i, rng, max_exchanges)
-        pairs += [(prefix, make_candidate(rng) + " and then" * k, rng.choice(FEEDBACK)) for k in range(n_candidates)]
+        pairs += [Pair(prefix, make_candidate(rng) + " and then" * k, rng.choice(FEEDBACK), True)
+                  for k in range(n_candidates)]
     return pairs
 
 
@@ -84,8 +86,8 @@ def timed(fn, pairs) -> tuple[float, list[float]]:
 
 def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats: int) -> None:
     """The three ways on ``pairs``, interleaved, the best of ``repeats`` runs each."""
-    lengths = [len(encode_pair(full.tokenizer, prefix, candidate, reply, full.cfg.chat_template_kwargs,
-                               full.max_length)[0]) for prefix, candidate, reply in pairs]
+    lengths = [len(encode_pair(full.tokenizer, pair.perspective, pair.candidate, pair.reply,
+                               full.cfg.chat_template_kwargs, full.max_length)[0]) for pair in pairs]
     tokens = sum(lengths)
     ways = {"(a) one pair at a time": lambda ps: [full.score([pair])[0] for pair in ps],
             "(b) batched, length-sorted": full.score,
@@ -111,8 +113,9 @@ def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats
 def bench_model(shared: PRMScorer, args, n_prefixes: int, n_mixed: int) -> None:
     import torch
 
-    full = PRMScorer(shared.cfg, max_length=shared.max_length, token_budget=shared.token_budget,
-                     tokenizer=shared.tokenizer, model=shared.model, share_prefixes=False)
+    full = PRMScorer(shared.cfg, input=shared.input, max_length=shared.max_length,
+                     token_budget=shared.token_budget, tokenizer=shared.tokenizer, model=shared.model,
+                     share_prefixes=False)
     print(f"\n== {shared.cfg.short_name}: {sum(p.numel() for p in shared.model.parameters()) / 1e6:.1f}M params, "
           f"{torch.get_num_threads()} threads, token budget {shared.token_budget}, best of {args.repeats} "
           f"interleaved runs; prefix sharing {'on' if shared.share_prefixes else 'unsupported: (c) = (b)'}")
@@ -209,7 +212,9 @@ def main() -> None:
         start = time.perf_counter()
         cfg = ModelConfig(spec=spec, threads=args.threads, cache_dir=args.cache_dir,
                           adapter=args.adapter if i == 0 else None)
-        scorer = PRMScorer(cfg, max_length=args.max_length, token_budget=args.token_budget)
+        # the workload of a lookahead search: each pair with the game's reply (the longest text a PRM reads)
+        scorer = PRMScorer(cfg, input="candidate_with_reply", max_length=args.max_length,
+                           token_budget=args.token_budget)
         print(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
         bench_model(scorer, args, n_prefixes, n_mixed)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
