@@ -21,6 +21,7 @@ import pytest
 from clemprm import records
 from clemprm.config import deep_merge, eval_mode_params, sections
 from clemprm.evaluation import evaluate
+from clemprm.modes import MODES
 from clemprm.play.clembench_tree import run_dir_name
 from clemprm.stats import OVERALL
 from tests.conftest import binary_search_answer, tiny_config
@@ -58,7 +59,7 @@ def mixed_answer(messages, seed):
 
 class ScriptedPRM:
     def score(self, pairs):
-        return [0.1 if candidate == JUNK else 0.5 + 0.4 * (candidate != "GUESS: 1") for _, candidate, _ in pairs]
+        return [0.1 if pair.candidate == JUNK else 0.5 + 0.4 * (pair.candidate != "GUESS: 1") for pair in pairs]
 
 
 def clem(*args: str, cwd: Path, games: Path = GAMES_DIR) -> subprocess.CompletedProcess:
@@ -90,7 +91,7 @@ def trees(tmp_path_factory, scripted_policy):
         policy = SeededPolicy(None, name="scripted")
         evaluate.evaluate_mode(mode, settings, paths[mode], policy=policy, prm=ScriptedPRM(), on_failure="continue",
                                clembench_dir=str(folder / "clembench" / mode))
-        runs[mode] = folder / "clembench" / mode / run_dir_name(policy.name, mode)
+        runs[mode] = folder / "clembench" / mode / run_dir_name(policy.name, mode, MODES[mode].regime)
     summary = evaluate.summarize_eval(SETTINGS["greedy_base"], list(paths.values()), str(folder / "prm_eval.json"))
     rows = {mode: records.read_records(path, records.EVAL_EPISODES) for mode, path in paths.items()}
     return folder, runs, rows, summary
@@ -123,6 +124,8 @@ def test_tree_layout_holds_every_episode_as_played(trees):
     folder, runs, rows, _ = trees
     assert sorted(path.name for path in (folder / "clembench").iterdir()) == ["beam_search", "greedy_base"]
     assert runs["greedy_base"].name == "scripted-greedy_base" and runs["greedy_base"].is_dir()
+    # beam search's candidates were played in forks: its run name and info say so (clem eval shows the name)
+    assert runs["beam_search"].name == "scripted-beam_search-lookahead"
     outcomes = set()
     for mode, run in runs.items():
         by_id = {row["episode_id"]: row for row in rows[mode]}
@@ -130,6 +133,7 @@ def test_tree_layout_holds_every_episode_as_played(trees):
         assert len(folders) == len(rows[mode]) and (run / "run.json").is_file()
         run_info = json.loads((run / "run.json").read_text())
         assert run_info["clem_version"] == "3.7.2" and run_info["clemprm"]["mode"] == mode
+        assert run_info["clemprm"]["regime"] == MODES[mode].regime
         assert sum(game["num_instances"] for game in run_info["games"].values()) == len(rows[mode])
         for episode in folders:
             # <run_dir>/<game>/<experiment>/<episode>: the last parts clem eval names an episode by

@@ -342,7 +342,7 @@ RERUNS = {
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n_logprob"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key no mode here
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
-             {"eval_summary", "eval_report_figures", "eval_transcripts", "self_correction_figure", "all"}, None),
+             {"eval_summary", "eval_report_figures", "self_correction_figure", "all"}, None),
     # rl.* reruns the RL stage, its eval mode and the summary, nothing upstream and no other mode
     "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "eval_summary"},
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob"}),

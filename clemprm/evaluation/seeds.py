@@ -79,8 +79,8 @@ def seed_row(summary: dict) -> dict[str, float | str]:
     modes = summary.get("modes") or {}
     for mode_regime, searches in SEARCH_CONTROLS.items():
         for search, controls in searches.items():
-            if (modes.get(search) or {}).get("regime", mode_regime) != mode_regime:
-                continue   # e.g. best_of_n records made before the regimes (read as lookahead)
+            if (modes.get(search) or {}).get("regime") != mode_regime:
+                continue   # not run, or (best_of_n records made before the regimes) read as lookahead
             for control in controls:
                 overall = ((differences.get(control) or {}).get(search) or {}).get(OVERALL) or {}
                 for metric in DIFFERENCE_METRICS:
