@@ -21,6 +21,7 @@ from clemprm.rl.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.models.scoring import selective_log_softmax
 from clemprm.rl.rollouts import Group, Sequence, Turn
+from clemprm.search import Pair
 from tests.conftest import tiny_config, train_tiny_sft
 
 # Only the answer 1 wins: one guess of a number from 1 to 2; "2" loses; anything else is a violation (abort).
@@ -382,7 +383,7 @@ def test_train_rl_writes_the_adapters_and_metrics(half_and_half_sft, test_cache_
     _, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
     PeftModel.from_pretrained(base, str(tmp_path / "rl"))   # loads as a plain policy adapter
     # the implicit PRM as a best-of-N scorer: beta * sum log-ratio of the candidate against the SFT adapter
-    pairs = [([{"role": "user", "content": "Guess a number from 1 to 2."}], answer, "") for answer in ("GUESS: 1", "x")]
+    pairs = [Pair([{"role": "user", "content": "Guess a number from 1 to 2."}], answer) for answer in ("GUESS: 1", "x")]
     trained = load_implicit_prm({"spec": "tiny:0", "threads": 1}, str(tmp_path / "rl"), half_and_half_sft,
                                 beta=0.05, cache_dir=test_cache_dir)
     scores = trained.score(pairs)
