@@ -23,6 +23,10 @@ PLAY_KEYS = ("split", "episodes_per_instance", "max_new_tokens")
 SAMPLING_KEYS = ("n", "temperature", "top_p")
 BEAM_KEYS = ("beam_width", "num_beam_iterations", "aggregation")
 
+# what a PRM reads (prm.input) -> the regime of the searches that can show it that: a blind search shows the candidate
+# alone; a lookahead search has played it in a fork and can show the game's reply too
+PRM_INPUT_REGIMES = {"candidate": "blind", "candidate_with_reply": "lookahead"}
+
 SFT_ADAPTER = "results/sft/adapter"
 PRM_ADAPTER = "results/prm/adapter"
 
@@ -40,7 +44,7 @@ class EvalMode:
     ``keys``: the eval keys it plays by; ``sections``: further config sections in its params; ``inputs``: the files it
     reads, by the name the evaluation takes them under; ``algorithm``: the RL algorithm it needs trained;
     ``baseline``: the summary reports the difference of every other mode of its regime to it; ``regime``: ``blind``
-    or ``lookahead`` (:data:`clemprm.search.REGIMES`)."""
+    or ``lookahead`` (the values of :data:`PRM_INPUT_REGIMES`)."""
 
     name: str
     policy: str
@@ -60,7 +64,7 @@ class EvalMode:
         alone, a lookahead one the candidate with the game's reply; None for a mode without a PRM."""
         if self.scorer != "prm":
             return None
-        return "candidate" if self.regime == "blind" else "candidate_with_reply"
+        return next(name for name, regime in PRM_INPUT_REGIMES.items() if regime == self.regime)
 
     @property
     def samples(self) -> bool:

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.stats import OVERALL
 
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
@@ -53,7 +54,7 @@ def prm_regime(summary: dict) -> str | None:
     prm = summary.get("prm")
     if not prm:
         return None
-    return "blind" if prm.get("input") == "candidate" else "lookahead"
+    return PRM_INPUT_REGIMES.get(prm.get("input"), "lookahead")
 
 
 def seed_row(summary: dict) -> dict[str, float | str]:

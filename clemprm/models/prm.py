@@ -29,6 +29,7 @@ import math
 import time
 
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype
+from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.models.scoring import (PrefixGroup, ScorerStats, forward_on_shared_prefixes, group_batches, micro_batches,
                                     pad_right, prefix_sharing_problem, shared_prefix_groups)
 from clemprm.play.chat import render_answered
@@ -36,7 +37,7 @@ from clemprm.play.chat import render_answered
 log = logging.getLogger(__name__)
 
 
-INPUTS = ("candidate", "candidate_with_reply")   # prm.input: what the PRM reads after the prefix
+INPUTS = tuple(PRM_INPUT_REGIMES)   # prm.input: what the PRM reads after the prefix
 
 
 def encode_pair(tokenizer, prefix: list[dict], candidate: str, reply: str, chat_template_kwargs: dict | None,

@@ -29,9 +29,6 @@ from typing import NamedTuple
 from clemprm.play.engine import rule_score
 from clemprm.stats import derive_seed
 
-REGIMES = ("blind", "lookahead")
-
-
 class Pair(NamedTuple):
     """What a scorer sees of one candidate: the perspective of the player who answers and the candidate; in
     lookahead also what the candidate's fork shows: the game's reply to it (:meth:`RolloutEngine.game_reply`,
@@ -75,8 +72,8 @@ class RandomScorer:
 
 class RuleScorer:
     """The control for a search that reads the fork (lookahead): :func:`clemprm.play.engine.rule_score` of each
-    pair, no model. Ties go
-    the way every search breaks them (to the first candidate: a sample as random as any other)."""
+    pair, no model. Ties go the way every search breaks them (to the first candidate: a sample as random as any
+    other)."""
 
     stats = None
 
@@ -111,9 +108,10 @@ def score_blind(engine, prm, episodes: list, proposals: list[list]) -> list[list
     player the episode waits for and the candidate alone: no game sees any of them."""
     pairs, slots = [], []
     for index, (episode, candidates) in enumerate(zip(episodes, proposals)):
+        perspective = engine.waiting(episode)[1] if candidates else None
         for j, candidate in enumerate(candidates):
             if candidate.error is None:
-                pairs.append(Pair(engine.waiting(episode)[1], candidate.text))
+                pairs.append(Pair(perspective, candidate.text))
                 slots.append((index, j))
     return _score_slots(prm, proposals, pairs, slots)
 
@@ -124,9 +122,10 @@ def score_forks(engine, prm, episodes: list, proposals: list[list], children: li
     game failed on is not scored (-inf)."""
     pairs, slots = [], []
     for index, (episode, candidates, played) in enumerate(zip(episodes, proposals, children)):
+        perspective = engine.waiting(episode)[1] if candidates else None
         for j, child in enumerate(played):
             if child.error is None:   # a failed generation failed its fork too (engine.apply)
                 turn = child.turns[-1]
-                pairs.append(Pair(engine.waiting(episode)[1], candidates[j].text, turn["reply"], turn["parse_ok"]))
+                pairs.append(Pair(perspective, candidates[j].text, turn["reply"], turn["parse_ok"]))
                 slots.append((index, j))
     return _score_slots(prm, proposals, pairs, slots)

@@ -50,6 +50,7 @@ from clemprm.models.loader import load_tokenizer_and_model, policy_settings, res
 from clemprm.models.logprob import mean_logprobs
 from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
 from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
+from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.play.engine import rule_score
 from clemprm.checks.run_time import fail_or_warn, marks_metadata
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
@@ -506,7 +507,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         "model": {"spec": cfg.spec, "device": device, "quantization": resolve_quantization(cfg, device),
                   "dtype": str(resolve_dtype(cfg, device)), "pad_token": tokenizer.pad_token,
                   "eos_token": tokenizer.eos_token},
-        "input": prm["input"], "regime": "blind" if prm["input"] == "candidate" else "lookahead",
+        "input": prm["input"], "regime": PRM_INPUT_REGIMES[prm["input"]],
         "loss": prm["loss"], "pairwise_weight": prm["pairwise_weight"], "label_weighting": prm["label_weighting"],
         "examples": {
             "rows": len(rows), "train": len(train), "validation": len(validation), "heldout": len(heldout),
