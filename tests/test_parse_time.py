@@ -245,7 +245,9 @@ def test_the_vllm_backend_needs_a_server_or_a_python_to_start_one(tmp_path):
         generation={"backend": "vllm"})
     assert f"generation.vllm.python: {tmp_path}/none is not an executable file" in problems_of(
         generation={"backend": "vllm", "vllm": {"python": str(tmp_path / "none")}})
-    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"url": "http://h:8000"}}}))
+    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"python": sys.executable}}}))
+    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"url": "http://h:8000"}},
+                                               "eval": {"modes": ["greedy_sft", "best_of_n"]}}))
     check_config_inputs(load_config(overrides={"generation": {"backend": "engine"}}))
 
 

@@ -224,25 +224,48 @@ def test_a_server_that_dies_mid_stage_fails_it_and_the_shard_resumes(vllm_python
     assert not Path(f"{output}.ckpt").exists()
 
 
-# ------------------------------------------------------------------ controls the vllm backend cannot play
+# ----------------------------------------------------------------- the log-prob controls on the server
 
 
-def test_logprob_modes_are_refused_with_the_vllm_backend_at_parse_time(capsys, tmp_path):
-    """best_of_n_logprob and beam_search_logprob score with the policy's weights, which a vllm policy does not load
-    (its PolicyModel.model is None): refused when the Snakefile is parsed, naming the reason."""
+def test_the_server_scores_candidates_as_the_policy_s_weights_do(server, smollm2, test_cache_dir):
+    """best_of_n_logprob with the vllm backend: the server's prompt log-probs of the same token sequences give the
+    mean log-probs the weights give in the job (float32 both), so the control ranks the candidates alike, a prompt
+    longer than the context included (both keep its end)."""
+    from clemprm.models.generation import PolicyModel
+    from clemprm.models.loader import ModelConfig
+    from clemprm.models.logprob import LogprobScorer
+    from clemprm.search import Pair
+
+    perspective = [{"role": "user", "content": "Guess a number between 1 and 10. Answer with GUESS: <number>."}]
+    pairs = [Pair(perspective, candidate) for candidate in ("GUESS: 5", "GUESS: 9", "I think it is seven", "")]
+    engine = PolicyModel(ModelConfig(threads=2, cache_dir=test_cache_dir, dtype="float32"))
+    served = PolicyModel(ModelConfig(threads=2, cache_dir=test_cache_dir, dtype="float32", backend="vllm",
+                                     vllm={"url": server.url}))
+    assert served.model is None
+    expected, scores = LogprobScorer(engine).score(pairs), LogprobScorer(served).score(pairs)
+    assert scores == pytest.approx(expected, abs=2e-3)
+    assert sorted(range(4), key=scores.__getitem__) == sorted(range(4), key=expected.__getitem__)
+    too_long = Pair([{"role": "user", "content": "word " * 4000}], "GUESS: 5")   # both keep its end alike
+    assert LogprobScorer(served).score([too_long]) == pytest.approx(LogprobScorer(engine).score([too_long]), abs=2e-3)
+
+
+def test_logprob_modes_are_refused_with_a_shared_server_at_parse_time():
+    """A server at generation.vllm.url serves every job at once, and vLLM computes prompt log-probs right only for
+    one request at a time (issue 16668): the log-prob controls are refused there when the Snakefile is parsed; a
+    server each job starts (generation.vllm.python) plays them."""
+    import sys
+
     from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
 
-    vllm = {"backend": "vllm", "vllm": {"url": "http://127.0.0.1:8000"}}
-    config = load_config(overrides={"generation": vllm,
-                                    "eval": {"modes": ["greedy_sft", "best_of_n_logprob", "beam_search_logprob"]}})
+    modes = {"modes": ["greedy_sft", "best_of_n_logprob", "beam_search_logprob"]}
     with pytest.raises(ConfigInputError, match=(
             r"eval.modes: best_of_n_logprob, beam_search_logprob rank candidates by the policy's log-probabilities, "
-            r"computed by the policy's weights in the job; with generation.backend vllm the policy loads only its "
-            r"tokenizer \(the weights are the server's\): drop them from eval.modes, or play with generation.backend "
-            r"engine")):
-        check_config_inputs(config)
-    check_config_inputs(load_config(overrides={"generation": vllm, "eval": {"modes": ["greedy_sft", "best_of_n"]}}))
-    check_config_inputs(load_config(overrides={"eval": {"modes": ["best_of_n_logprob"]}}))   # engine: fine
+            r"which a vLLM server computes right only for one request at a time \(vLLM issue 16668\), and the server "
+            r"at generation.vllm.url serves every job at once: let each job start its own server")):
+        check_config_inputs(load_config(overrides={
+            "generation": {"backend": "vllm", "vllm": {"url": "http://127.0.0.1:8000"}}, "eval": modes}))
+    check_config_inputs(load_config(overrides={
+        "generation": {"backend": "vllm", "vllm": {"python": sys.executable}}, "eval": modes}))
 
 
 # ------------------------------------------------------------- several processes: one server per rank

@@ -185,20 +185,23 @@ def generation_problems(generation: dict) -> list[str]:
 
 
 def vllm_mode_problems(config: dict) -> list[str]:
-    """Eval modes the vllm backend cannot play: those that rank candidates by the policy's own log-probabilities
-    (``scorer: logprob``) need the policy's weights in this process, and a vllm policy loads only its tokenizer (the
-    weights are the server's)."""
+    """Eval modes a shared vLLM server cannot play: those that rank candidates by the policy's own log-probabilities
+    (``scorer: logprob``) ask the server for prompt log-probs, which it computes right only for a step that holds that
+    one request (:meth:`clemprm.models.vllm_backend.VLLMDecoder.sequence_logprobs`). A server the job starts
+    (``generation.vllm.python``) serves that job alone; one at ``generation.vllm.url`` serves every job at once."""
     from clemprm.modes import MODES
 
-    if (config.get("generation") or {}).get("backend") != "vllm":
+    generation = config.get("generation") or {}
+    if generation.get("backend") != "vllm" or not (generation.get("vllm") or {}).get("url"):
         return []
     refused = [mode for mode in config["eval"]["modes"] if MODES[mode].scorer == "logprob"]
     if not refused:
         return []
     return [f"eval.modes: {', '.join(refused)} rank{'s' if len(refused) == 1 else ''} candidates by the policy's "
-            f"log-probabilities, computed by the policy's weights in the job; with generation.backend vllm the policy "
-            f"loads only its tokenizer (the weights are the server's): drop {'it' if len(refused) == 1 else 'them'} "
-            f"from eval.modes, or play with generation.backend engine"]
+            f"log-probabilities, which a vLLM server computes right only for one request at a time (vLLM issue "
+            f"16668), and the server at generation.vllm.url serves every job at once: let each job start its own "
+            f"server (generation.vllm.python instead of generation.vllm.url), or drop "
+            f"{'it' if len(refused) == 1 else 'them'} from eval.modes"]
 
 
 def cache_dir_problems(cache_dir: str | None) -> list[str]:

