@@ -11,6 +11,7 @@ instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.sea
   same answer with no model; ``best_of_n_lookahead`` against ``best_of_n_rule``, ``beam_search`` against
   ``beam_search_rule`` and ``beam_search_logprob``.
 
+A claim is judged only on the mean over at least ``MIN_SEEDS`` seeds (fewer: not judged, whatever one seed shows).
 A mean is taken only over seeds that all have the figure (a figure missing in one seed has no mean), so that the
 two sides of a claim always average the same seeds. ``scripts/learning_benchmark.py`` runs the seeds and writes the
 table.
@@ -25,6 +26,7 @@ import numpy as np
 from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.stats import OVERALL
 
+MIN_SEEDS = 3   # a claim is judged on the mean over at least this many seeds
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
 DIFFERENCE_METRICS = ("percent_played", "quality")
 RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
@@ -95,7 +97,8 @@ def seed_row(summary: dict) -> dict[str, float | str]:
 def seeds_table(rows: dict[int, dict]) -> dict:
     """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate, an
     interval or the commit that ran it); their mean and standard deviation over the seeds, only where every seed has
-    the figure (``incomplete`` lists the others); and the claims, each holding when it holds on the mean."""
+    the figure (``incomplete`` lists the others); and the claims, each holding when it holds on the mean (None, not
+    judged, for all of them with fewer than ``MIN_SEEDS`` seeds)."""
     rows = dict(sorted(rows.items()))
     keys = sorted({key for row in rows.values() for key, value in row.items() if not isinstance(value, str)})
     mean, sd, incomplete = {}, {}, []
@@ -107,7 +110,10 @@ def seeds_table(rows: dict[int, dict]) -> dict:
             continue
         mean[key] = float(values.mean())
         sd[key] = float(values.std(ddof=1)) if values.size > 1 else math.nan
-    return {"seeds": rows, "mean": mean, "sd": sd, "incomplete": incomplete, "claims": claims(mean)}
+    judged = claims(mean)
+    if len(rows) < MIN_SEEDS:
+        judged = dict.fromkeys(judged)
+    return {"seeds": rows, "mean": mean, "sd": sd, "incomplete": incomplete, "claims": judged}
 
 
 def rows_of(table: dict) -> dict[int, dict]:
@@ -162,7 +168,9 @@ def markdown(table: dict) -> str:
                      f"{show(table['sd'].get(key, ''))} |")
     if table.get("incomplete"):
         lines += ["", "No mean (a seed lacks the figure): " + ", ".join(table["incomplete"])]
-    lines += ["", "| claim (on the mean over seeds) | holds |", "|---|---|"]
-    lines += [f"| {claim} | {'n/a' if holds is None else 'yes' if holds else 'no'} |"
+    unjudged = (f"not judged ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}; {MIN_SEEDS} needed)"
+                if len(seeds) < MIN_SEEDS else "n/a")
+    lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds) | holds |", "|---|---|"]
+    lines += [f"| {claim} | {unjudged if holds is None else 'yes' if holds else 'no'} |"
               for claim, holds in table["claims"].items()]
     return "\n".join(lines) + "\n"
