@@ -44,7 +44,7 @@ rule all:
         "results/report/prm_calibration.png",
         "results/report/training_curves.png",
         "results/report/transcripts",
-        expand("results/merged/{name}", name=MERGED_ADAPTERS),
+        expand("results/merged/{name}", name=config["merge"]["adapters"]),
         SCORE_TARGETS,
     default_target: True
 

@@ -62,8 +62,8 @@ def renamed_key_problem(config: dict) -> str | None:
 
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
-    mode whose PRM reads another input than ``prm.input``, or a first labelling round of all K or more continuations;
-    None if none."""
+    mode whose PRM reads another input than ``prm.input``, a first labelling round of all K or more continuations, or a
+    merge of an adapter the run does not train; None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
@@ -75,11 +75,15 @@ def cross_key_problem(config: dict) -> str | None:
     if problem := prm_input_problem(config["eval"]["modes"], config["prm"]["input"]):
         return problem
     algorithms = config["rl"]["algorithms"]
+    mergeable = ["sft", "prm", *(f"rl_{algorithm}" for algorithm in algorithms)]
+    if unknown := [name for name in config["merge"]["adapters"] if name not in mergeable]:
+        return (f"config key 'merge.adapters': {', '.join(unknown)} is no adapter this run trains (it trains "
+                f"{', '.join(mergeable)}; rl_<algorithm> needs the algorithm in rl.algorithms)")
     for mode in config["eval"]["modes"]:
         needed = MODES[mode].algorithm
         if needed is not None and needed not in algorithms:
             return (f"config key 'eval.modes': {mode} plays the {needed} policy, but 'rl.algorithms' "
-                    f"({', '.join(algorithms)}) does not train it: add {needed} to rl.algorithms or drop the mode")
+                    f"({', '.join(algorithms) or 'none'}) does not train it: add {needed} to rl.algorithms or drop the mode")
     return None
 
 

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from clemprm.modes import MODES
 from clemprm.config import ConfigError, eval_mode_params, load_config, provenance, rl_params, sections
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def test_default_config_is_valid():
     config = load_config()
     assert config["model"]["spec"] == "embedded:smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("files", [["configs/cluster.yaml"], ["configs/learning.yaml"], ["configs/hanabi.yaml"],
+                                   ["configs/learning.yaml", "configs/lookahead.yaml"]])
+def test_the_shipped_configs_are_valid(files):
+    """Each config in configs/ on top of config.yaml, as its header says to use it (a default changed under one of
+    them, e.g. blind search, must not leave it failing at parse time)."""
+    load_config([str(REPO / name) for name in files])
+
+
+def test_merge_adapters_name_adapters_the_run_trains():
+    assert load_config()["merge"]["adapters"] == []   # the embedded default merges nothing unless asked
+    assert load_config(overrides={"merge": {"adapters": ["sft", "prm"]}})["merge"]["adapters"] == ["sft", "prm"]
+    with pytest.raises(ConfigError, match=r"'merge.adapters': rl_grpo is no adapter this run trains"):
+        load_config(overrides={"merge": {"adapters": ["sft", "rl_grpo"]}})
+    load_config(overrides={"merge": {"adapters": ["rl_grpo"]}, "rl": {"algorithms": ["grpo"]}})
 
 
 @pytest.mark.parametrize("override, key", [
@@ -104,7 +124,7 @@ def test_the_old_rl_algorithm_key_fails_naming_its_replacement():
 
 
 @pytest.mark.parametrize("mode, algorithms", [("greedy_rl_prime", ["grpo"]), ("greedy_rl_grpo", ["prime"]),
-                                              ("best_of_n_implicit", ["grpo"])])
+                                              ("best_of_n_implicit", ["grpo"]), ("greedy_rl_grpo", [])])
 def test_an_rl_eval_mode_needs_its_algorithm_trained(mode, algorithms):
     with pytest.raises(ConfigError, match=f"'eval.modes': {mode} plays the .* 'rl.algorithms'"):
         load_config(overrides={"rl": {"algorithms": algorithms}, "eval": {"modes": ["greedy_sft", mode]}})

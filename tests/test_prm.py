@@ -681,7 +681,7 @@ def ranking_of(width: float = 0.01, **accuracy_and_regret) -> dict:
                                       for metric, own, value in (("pairwise_accuracy", prm_values[0], accuracy),
                                                                  ("top1_regret", prm_values[1], regret))}}
                    for name, (accuracy, regret) in accuracy_and_regret.items() if name != "prm"}
-    return {"scorers": scorers, "differences": differences}
+    return {"scorers": scorers, "differences": differences, "pairs_with_different_labels": 40}
 
 
 def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_baseline():
@@ -705,6 +705,10 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
     nothing = prm_metrics.quality_gate(None, None, gate_settings())
     assert nothing == {"status": "not_measured", "checks": [], "not_measured": nothing["not_measured"]}
     assert len(nothing["not_measured"]) == 3
+    few = prm_metrics.quality_gate(None, {**ranking_of(prm=(1.0, 0.0), constant_mean=(0.5, 0.1), width=0.0),
+                                         "pairs_with_different_labels": prm_metrics.MIN_RANKED_PAIRS - 1},
+                                   gate_settings())
+    assert few["status"] == "not_measured" and "5 held-out sibling pairs with different labels" in few["not_measured"][1]
     assert "FAIL spread" in prm_metrics.gate_lines(gate)
 
 
@@ -798,9 +802,10 @@ def test_the_trained_prm_passes_its_gate(trained):
 
 @pytest.fixture(scope="module")
 def untrained_prm(tmp_path_factory, test_cache_dir):
-    """A PRM whose training cannot move it (learning rate 1e-12): it predicts its random start everywhere."""
+    """A PRM whose training cannot move it (learning rate 1e-12): it predicts its random start everywhere. 18 of the
+    24 instances held out: at least 6 of them with differently labelled siblings (prm_metrics.MIN_RANKED_PAIRS)."""
     tmp = tmp_path_factory.mktemp("collapsed")
-    settings = prm_settings(lr=1e-12, epochs=1, batch_size=8, grad_accum=1, validation_fraction=0.25)
+    settings = prm_settings(lr=1e-12, epochs=1, batch_size=8, grad_accum=1, validation_fraction=0.75)
     return tmp, settings, write_labels(tmp / "labels.parquet", synthetic_rows())
 
 

@@ -23,15 +23,14 @@ import yaml
 
 from clemprm import records
 from clemprm.evaluation import console, evaluate, report
-from clemprm.config import load_config
-from tests.conftest import CompletedRun, copy_of_run
+from clemprm.config import deep_merge, load_config
+from tests.conftest import TESTS_SHAPE, CompletedRun, copy_of_run
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
-EVAL_MODES = {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "greedy_rl_grpo",
-              "greedy_rl_prime"}
-RL_ALGORITHMS = ("grpo", "prime")   # the default rl.algorithms
-DEFAULT_EVAL_MODES = load_config()["eval"]["modes"]
+DEFAULT_EVAL_MODES = TESTS_SHAPE["eval"]["modes"]   # the eval modes the tests pin (tests/conftest.py)
+EVAL_MODES = set(DEFAULT_EVAL_MODES)
+RL_ALGORITHMS = tuple(TESTS_SHAPE["rl"]["algorithms"])
 BUILTIN_GAMES = ("guessnumber", "wordref", "oddoneout")   # the default games.builtin
 # tests/test_clembench.py's fixture games: a spec list's variant, a nested game, a random game, and one whose every
 # episode fails at set-up (played on: on_failure continue); its checks of them run on the session's completed run
@@ -40,7 +39,7 @@ GAMES = (*BUILTIN_GAMES, *CLEMBENCH_GAMES)
 
 
 def tiny_workflow_config(cache_dir: str) -> dict:
-    return {
+    return deep_merge(TESTS_SHAPE, {
         "cache_dir": cache_dir,
         "model": {"spec": "tiny:0", "threads": 1},
         # the random tiny model aborts most label continuations: labels without variance would stop the run
@@ -60,7 +59,7 @@ def tiny_workflow_config(cache_dir: str) -> dict:
                  # SCoRe's mode is not a default one (cost): the tiny run adds it, so score_adapter runs too
                  "modes": DEFAULT_EVAL_MODES + ["self_correct"]},
         "score": {"stage1_steps": 1, "stage2_steps": 1, "instances_per_step": 1, "group_size": 2, "max_new_tokens": 8},
-    }
+    })
 
 
 def write_extra_interactions(path: Path) -> None:

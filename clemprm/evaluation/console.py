@@ -75,14 +75,17 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
 
 
 def gate_line(prm: dict) -> str:
-    """The gate's verdict, and the first check that failed."""
+    """The gate's verdict, the first check that failed and the first the data could not decide."""
     gate = prm.get("gate") or {}
     status = gate.get("status") or "n/a"
     failed = [check for check in gate.get("checks", []) if not check["passed"]]
-    if not failed:
-        return f"quality gate: {status}"
-    first = failed[0]
-    return f"quality gate: FAILED ({', '.join(c['check'] for c in failed)}): {first['check']}: {first['message']}"
+    line = f"quality gate: {status}"
+    if failed:
+        first = failed[0]
+        line = f"quality gate: FAILED ({', '.join(c['check'] for c in failed)}): {first['check']}: {first['message']}"
+    if gate.get("not_measured"):
+        line += f"; not judged: {gate['not_measured'][0]}"
+    return line
 
 
 def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:

@@ -75,8 +75,10 @@ class VerificationError(RuntimeError):
 
 
 def merge_params(config: dict, task: str) -> dict:
-    """A merge rule's ``params`` (its rerun trigger): the model, where its examples come from, and ``merge``."""
-    return sections(config, "seed", "model", EXAMPLE_SECTION[task], "merge")
+    """A merge rule's ``params`` (its rerun trigger): the model, where its examples come from, and ``merge`` but
+    for ``adapters`` (which merges the default target asks for, not how one is made)."""
+    params = sections(config, "seed", "model", EXAMPLE_SECTION[task], "merge")
+    return {**params, "merge": {key: value for key, value in params["merge"].items() if key != "adapters"}}
 
 
 # --------------------------------------------------------------------------------------------- examples

@@ -194,6 +194,10 @@ GATE_BASELINES = {   # the baselines a PRM must beat within states, by what it r
     "candidate_with_reply": ("candidate_length", "policy_logprob", "constant_mean", "rule"),
 }
 RIVAL_NAMES = {"constant_mean": "random pick"}   # constant_mean ties every sibling: a random pick's expectation
+# Held-out sibling pairs with different labels the ranking checks need: with fewer, even a PRM right on every pair is
+# not clearly better than chance (a sign test: 6 of 6 right, p 0.03 two-sided; 5 of 5, 0.06), while the bootstrap
+# interval over so few states degenerates (1 pair: [1.000, 1.000], "clearly better" on no evidence)
+MIN_RANKED_PAIRS = 6
 
 
 def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_input: str = "candidate",
@@ -211,7 +215,7 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
       difference (``ranking["differences"]``, the same resampled instances for both) lies wholly on the better side
       of 0, and the PRM's own interval above 0.5: a point estimate ahead by luck does not pass (a random scorer on 40
       states of 4 siblings beat the baselines' point estimates in 6 of 60 draws). Matching a baseline that is already
-      perfect is enough.
+      perfect is enough. Judged on at least :data:`MIN_RANKED_PAIRS` sibling pairs with different labels.
 
     Returns ``{"status", "checks": [{"check", "passed", "value", "threshold", "baseline", "message"}],
     "not_measured"}``, ``status`` ``failed`` when a check failed, ``passed`` when the checks made all passed, and
@@ -242,7 +246,8 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
         not_measured.append("spread and mean: no held-out labels with any spread")
 
     ranking = ranking or {}
-    measured = ranking.get("pairs_with_different_labels") != 0   # siblings that share a label rank nothing
+    pairs = ranking.get("pairs_with_different_labels") or 0   # siblings that share a label rank nothing
+    measured = pairs >= MIN_RANKED_PAIRS
     scorers = (ranking.get("scorers") or {}) if measured else {}
     differences = (ranking.get("differences") or {}) if measured else {}
 
@@ -254,7 +259,8 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
         rivals = {name: overall(differences[name], metric) for name in GATE_BASELINES[prm_input]
                   if overall(differences.get(name) or {}, metric).get("value") is not None}
         if own.get("value") is None or not rivals:
-            not_measured.append(f"{metric}: no held-out states with differently labelled siblings")
+            not_measured.append(f"{metric}: {pairs} held-out sibling pairs with different labels; at least "
+                                f"{MIN_RANKED_PAIRS} needed to judge a ranking")
             continue
         verdicts = {}
         for name, diff in rivals.items():
