@@ -62,16 +62,12 @@ def renamed_key_problem(config: dict) -> str | None:
 
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
-    mode whose PRM reads another input than ``prm.input``, a first labelling round of all K or more continuations, or a
-    merge of an adapter the run does not train; None if none."""
+    mode whose PRM reads another input than ``prm.input``, or a merge of an adapter the
+    run does not train; None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
                 "names none (name at least one game)")
-    k, k_first = config["labels"]["k"], config["labels"]["k_first"]
-    if k_first is not None and k_first >= k:
-        return (f"config key 'labels.k_first': {k_first} is not below labels.k ({k}): the first round plays k_first "
-                "continuations per candidate and the second the other k - k_first (null: all k at once)")
     if problem := prm_input_problem(config["eval"]["modes"], config["prm"]["input"]):
         return problem
     algorithms = config["rl"]["algorithms"]
@@ -83,7 +79,8 @@ def cross_key_problem(config: dict) -> str | None:
         needed = MODES[mode].algorithm
         if needed is not None and needed not in algorithms:
             return (f"config key 'eval.modes': {mode} plays the {needed} policy, but 'rl.algorithms' "
-                    f"({', '.join(algorithms) or 'none'}) does not train it: add {needed} to rl.algorithms or drop the mode")
+                    f"({', '.join(algorithms) or 'none'}) does not train it: add {needed} to rl.algorithms or drop "
+                    "the mode")
     return None
 
 

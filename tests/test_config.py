@@ -131,10 +131,11 @@ def test_an_rl_eval_mode_needs_its_algorithm_trained(mode, algorithms):
     load_config(overrides={"rl": {"algorithms": algorithms}, "eval": {"modes": ["greedy_sft"]}})
 
 
-def test_a_first_labelling_round_of_k_or_more_fails_naming_the_key():
-    with pytest.raises(ConfigError, match=r"'labels.k_first': 4 is not below labels.k \(4\)"):
-        load_config(overrides={"labels": {"k": 4, "k_first": 4}})
-    assert load_config(overrides={"labels": {"k": 4, "k_first": 2}})["labels"]["k_first"] == 2
+def test_a_config_that_lowers_k_alone_is_valid_under_the_default_k_first():
+    """The default's k_first 2 with a user's labels.k 2 (or less) is one round of K, not a parse-time error."""
+    assert load_config()["labels"]["k_first"] == 2
+    assert load_config(overrides={"labels": {"k": 2}})["labels"]["k"] == 2
+    assert load_config(overrides={"labels": {"k": 1}})["labels"]["k_first"] == 2
 
 
 def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():

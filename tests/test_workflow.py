@@ -474,6 +474,7 @@ def test_rl_on_hanabi_states_needs_only_the_prompt_set(workdir):
                     "loss": "importance_sampling",
                     "lora": {"r": 4, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "lm_head"]}}
     config["eval"] = {"modes": ["greedy_base", "greedy_rl_grpo"]}   # PRIME refuses per-turn rewards: no PRIME mode
+    config["merge"] = {"adapters": ["rl_grpo"]}
     path = workdir / "hanabi.yaml"
     path.write_text(yaml.safe_dump(config))
     dry_run = snakemake(workdir, "-n", "results/merged/rl_grpo", configfile=path).stdout

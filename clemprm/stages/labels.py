@@ -26,7 +26,7 @@ Soft labels
     cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
     its own final score.
 
-    With ``labels.k_first`` (1 <= k_first < K) the continuations are played in two rounds: k_first per candidate
+    With ``labels.k_first`` (1 <= k_first < K; at K or above one round) the continuations are played in two rounds: k_first per candidate
     first, then the other K - k_first only for the states where some first-round score differs from another (the
     siblings' and the continuations' own): a state whose every continuation lost alike keeps its k_first (its
     labels are alike either way), and every other label is the one all K at once give, continuation for
@@ -408,7 +408,7 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
     no row (their errors are counted in ``errors``)."""
     errors = errors if errors is not None else ErrorCounts()
     k, aborted_value = label_settings["k"], label_settings["aborted_value"]
-    first = label_settings["k_first"] or k
+    first = min(label_settings["k_first"] or k, k)   # k_first >= K: one round of K (a config that lowers K alone)
     roots = states.states(bps)
     outcomes: dict[int, list] = {}   # branch point index -> (score, aborted, success, capped) of each scored one
     failed: dict[int, int] = {}
