@@ -62,8 +62,8 @@ def renamed_key_problem(config: dict) -> str | None:
 
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
-    mode whose PRM reads another input than ``prm.input``, or a merge of an adapter the
-    run does not train; None if none."""
+    mode whose PRM reads another input than ``prm.input``, or a merge of an adapter the run does not train; None if
+    none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "

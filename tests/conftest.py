@@ -86,7 +86,7 @@ def train_tiny_sft(folder: Path, rows: list[dict], cache_dir: str) -> str:
 
 
 # The shape the tests were written for, pinned apart from config.yaml's (a small learning benchmark: siblings,
-# held-out validation states, k_first, one RL algorithm, no merge contrasts): each test asks for what it checks
+# held-out validation states, k_first, no RL algorithm, no merges): each test asks for what it checks
 TESTS_SHAPE = {
     "branch_points": {"siblings": 1, "max_per_episode": 4, "validation_instances": 0},
     "sft": {"epochs": 3},

@@ -26,11 +26,11 @@ Soft labels
     cutoff (:func:`partial_score`). label = mean(scores) / 100. A candidate that ended the game is labelled with
     its own final score.
 
-    With ``labels.k_first`` (1 <= k_first < K; at K or above one round) the continuations are played in two rounds: k_first per candidate
-    first, then the other K - k_first only for the states where some first-round score differs from another (the
-    siblings' and the continuations' own): a state whose every continuation lost alike keeps its k_first (its
-    labels are alike either way), and every other label is the one all K at once give, continuation for
-    continuation. The labelling budget goes to the states a PRM can learn to rank from.
+    With ``labels.k_first`` (1 <= k_first < K; at K or above, one round of K) the continuations are played in two
+    rounds: k_first per candidate first, then the other K - k_first only for the states where some first-round score
+    differs from another (the siblings' and the continuations' own): a state whose every continuation lost alike
+    keeps its k_first (its labels are alike either way), and every other label is the one all K at once give,
+    continuation for continuation. The labelling budget goes to the states a PRM can learn to rank from.
 
     A continuation whose game raises (its code, its scorer, its ``partial_bench_score``, its scorer on an episode
     with answers closed as lost) is an error: it is left
