@@ -5,7 +5,8 @@ import os
 from snakemake.logging import logger
 from snakemake.utils import min_version
 
-from clemprm.config import base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections
+from clemprm.config import (base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections,
+                            trained_adapters)
 from clemprm.stages.merge import merge_params
 from clemprm.workflow import check_config
 

@@ -60,6 +60,12 @@ def renamed_key_problem(config: dict) -> str | None:
     return None
 
 
+def trained_adapters(config: dict) -> list[str]:
+    """The adapters a run trains, by the name ``merge.adapters`` and ``results/merged/<name>`` use: sft, prm and
+    rl_<algorithm> for each of ``rl.algorithms``."""
+    return ["sft", "prm", *(f"rl_{algorithm}" for algorithm in config["rl"]["algorithms"])]
+
+
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
     mode whose PRM reads another input than ``prm.input``, or a merge of an adapter the run does not train; None if
@@ -71,7 +77,7 @@ def cross_key_problem(config: dict) -> str | None:
     if problem := prm_input_problem(config["eval"]["modes"], config["prm"]["input"]):
         return problem
     algorithms = config["rl"]["algorithms"]
-    mergeable = ["sft", "prm", *(f"rl_{algorithm}" for algorithm in algorithms)]
+    mergeable = trained_adapters(config)
     if unknown := [name for name in config["merge"]["adapters"] if name not in mergeable]:
         return (f"config key 'merge.adapters': {', '.join(unknown)} is no adapter this run trains (it trains "
                 f"{', '.join(mergeable)}; rl_<algorithm> needs the algorithm in rl.algorithms)")

@@ -3,11 +3,8 @@
 # job fails when the merged model does not match. One line per adapter: name -> (adapter folder, task).
 
 MERGED_ADAPTERS = {
-    "sft": ("results/sft/adapter", "causal-lm"),
-    "prm": ("results/prm/adapter", "seq-cls"),
-    # the RL policy of each algorithm of rl.algorithms: rl_grpo, rl_prime
-    **{f"rl_{algorithm}": (f"results/rl/{algorithm}/adapter", "causal-lm")
-       for algorithm in config["rl"]["algorithms"]},
+    name: (f"results/{name.replace('rl_', 'rl/', 1)}/adapter", "seq-cls" if name == "prm" else "causal-lm")
+    for name in trained_adapters(config)   # sft, prm, and rl_<algorithm> for each of rl.algorithms
 }
 
 
