@@ -1,10 +1,11 @@
 # Merged checkpoints: each trained adapter merged (fp32, an untied lm_head where the base ties it) into its base as
 # results/merged/<name>/ (config, tokenizer, safetensors, verification.json against PEFT(base fp32 + adapter)); the
-# job fails when the merged model does not match. One line per adapter: name -> (adapter folder, task).
+# job fails when the merged model does not match. name -> (adapter folder, task) for each adapter the run trains
+# (clemprm.config.trained_adapters): results/sft, results/prm, results/rl/<algorithm> for rl_<algorithm>.
 
 MERGED_ADAPTERS = {
     name: (f"results/{name.replace('rl_', 'rl/', 1)}/adapter", "seq-cls" if name == "prm" else "causal-lm")
-    for name in trained_adapters(config)   # sft, prm, and rl_<algorithm> for each of rl.algorithms
+    for name in trained_adapters(config)
 }
 
 
