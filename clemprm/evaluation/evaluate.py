@@ -426,8 +426,9 @@ def summary_lines(summary: dict) -> str:
     for mode, entry in summary["modes"].items():
         overall = entry["results"].get(OVERALL)
         if overall:
-            lines.append(f"{mode} ({entry.get('regime', 'lookahead')}): {overall['episodes']} episodes, % played {show(overall['percent_played'])}, "
-                         f"quality {show(overall['quality'])}, clemscore {show(overall['clemscore'])}, "
+            lines.append(f"{mode} ({entry.get('regime', 'lookahead')}): {overall['episodes']} episodes, "
+                         f"% played {show(overall['percent_played'])}, quality {show(overall['quality'])}, "
+                         f"clemscore {show(overall['clemscore'])}, "
                          f"success {show(overall['success_rate'])}, failed episodes {overall.get('errors', 0)}; "
                          f"cost {entry['cost']}"
                          + ("; RAN ON A PRM THAT DID NOT PASS ITS QUALITY GATE" if entry.get("prm_gate") == "failed"

@@ -7,8 +7,8 @@ Each iteration every live beam (a forked game) proposes N answers at its next tu
 played into a fork of the beam (a child), every child is scored by the PRM on (the beam's perspective, the
 answer, the game's reply to it), and per game the ``beam_width`` best live children by aggregated score go on.
 Children whose game ended are set aside as finished beams. In the built-in games every LLM turn is a policy turn
-(self-play), so one iteration is one turn. The search stops when no beam is live or after ``iterations``; the answer is the finished
-beam with the best aggregated score, or, when none finished, the best live beam, recorded as unfinished
+(self-play), so one iteration is one turn. The search stops when no beam is live or after ``iterations``; the answer is
+the finished beam with the best aggregated score, or, when none finished, the best live beam, recorded as unfinished
 (aborted): an unfinished game never wins over a finished one.
 """
 

@@ -4,8 +4,9 @@ Training
     Soft labels (``results/labels/soft_labels.parquet``, :data:`clemprm.records.SOFT_LABELS`), one example per
     branch point, read as ``prm.input`` says: the prefix and the candidate (the PRM card's input, what a blind search
     can show), or also the game's reply to the candidate (``candidate_with_reply``: for lookahead searches only).
-    Training may use everything known at labelling time, inference only what its regime shows. A ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``:
-    squared error of ``sigmoid(logit)``), plus, with ``prm.pairwise_weight`` > 0, that weight times a logistic
+    Training may use everything known at labelling time, inference only what its regime shows. A
+    ``transformers.Trainer`` whose loss is BCE with logits on the squeezed logit (``prm.loss: mse``: squared error of
+    ``sigmoid(logit)``), plus, with ``prm.pairwise_weight`` > 0, that weight times a logistic
     pairwise loss among siblings (:func:`pairwise_loss`; the siblings of a state then share a micro-batch and
     ``batch_size`` counts states), linear schedule with warmup, effective batch ``batch_size x grad_accum``,
     at most ``prm.epochs`` epochs with early stopping on a held-out slice of *instances*
@@ -171,8 +172,8 @@ def _training_args(prm: dict, seed: int, output_dir: str, device: str, dtype, gr
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        **trainer_arguments(prm, key="prm", seed=seed, output_dir=output_dir, device=device, dtype=dtype, grad_accum=grad_accum,
-                            has_validation=has_validation, optimizer=OPTIMIZER_AUTO[device],
+        **trainer_arguments(prm, key="prm", seed=seed, output_dir=output_dir, device=device, dtype=dtype,
+                            grad_accum=grad_accum, has_validation=has_validation, optimizer=OPTIMIZER_AUTO[device],
                             gradient_checkpointing=device == "cuda", weight_decay=0.0, tracking=tracking),
         label_names=["labels"], remove_unused_columns=False)
 
@@ -467,8 +468,8 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
     metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
     policy whose log-probabilities are a baseline (None: the base policy). ``episode_paths``: the played episodes
-    whose answers the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that gets
-    every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
+    whose answers the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that
+    gets every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
     (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) is written with a failure mark
     (:mod:`clemprm.checks.run_time`) that the summary reports, or, with ``prm.gate.on_failure: stop`` (``inherit``:
     the run's ``on_failure``), stops the stage naming the metric and the baseline."""

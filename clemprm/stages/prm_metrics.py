@@ -287,5 +287,7 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
 
 def gate_lines(gate: dict) -> str:
     """The gate as log lines: its status, then one line per check, PASS or FAIL."""
-    lines = [f"PRM quality gate: {gate['status']}"] + [f"{'PASS' if check['passed'] else 'FAIL'} {check['check']}: {check['message']}" for check in gate["checks"]]
+    lines = [f"PRM quality gate: {gate['status']}"]
+    lines += [f"{'PASS' if check['passed'] else 'FAIL'} {check['check']}: {check['message']}"
+              for check in gate["checks"]]
     return "\n".join(lines + [f"not measured: {what}" for what in gate["not_measured"]])

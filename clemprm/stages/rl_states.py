@@ -1,4 +1,5 @@
-"""The ``rl_states`` stage: the hanabi prompt set, game states from the rule-based player's self-play, to train single-turn on states.
+"""The ``rl_states`` stage: the hanabi prompt set, game states from the rule-based player's self-play, to train
+single-turn on states.
 
 The rule-based player (:mod:`clemprm.games.hanabi.bot`) plays both seats of every hanabi instance of a split (the
 train split by default) through the rollout engine; every turn is a state: the prompt the player to move gets
@@ -66,7 +67,8 @@ def self_play_states(catalog: GameCatalog, split: str = "train", max_per_episode
     return rows
 
 
-def write_states(games_settings: dict, output: str, split: str = "train", max_per_episode: int | None = None) -> list[dict]:
+def write_states(games_settings: dict, output: str, split: str = "train",
+                 max_per_episode: int | None = None) -> list[dict]:
     """:func:`self_play_states` of the hanabi instances ``games_settings`` (a ``games`` config section) selects,
     written to ``output`` with their provenance."""
     if GAME not in games_settings["builtin"]:
