@@ -1,4 +1,5 @@
-"""Statistics, in one place: seeds derived by hashing, the within-game paired bootstrap, correlations and AUROC.
+"""Statistics, in one place: seeds derived by hashing, the within-game paired bootstrap, means over seeds,
+correlations and AUROC.
 
 The bootstrap's unit is the instance ``(game, experiment, game_id)``: a caller sums what it measures per instance
 into one table per game (its sufficient statistics, one row per instance), and a *statistic* turns such tables and
@@ -98,6 +99,30 @@ def macro_average(per_game: list[dict[str, np.ndarray]], metrics) -> dict[str, n
         overall[metric] = np.where(defined.any(axis=0), np.nansum(stacked, axis=0) / np.maximum(defined.sum(axis=0), 1),
                                    np.nan)
     return overall
+
+
+# ---------------------------------------------------------------------------------------------- over seeds
+
+
+def mean_over_seeds(estimates: list[dict], ci: float = 0.95) -> dict:
+    """The mean of one figure over seeds, each seed's estimate a point with its interval (:func:`interval`), and a
+    conservative interval for the mean: the wider of two. One from the seeds' spread (Student's t with n - 1
+    degrees of freedom: how much a new draw of instances, labels and training moves the figure); one from each
+    seed's own interval (normal, seeds independent, half the interval's width over z a seed's standard error: the
+    evaluation's own noise). With three seeds neither alone is safe: three seeds that happen to agree would hide
+    the noise each seed's interval shows, and seeds with narrow intervals would hide how far the draw moves the
+    figure. Null where a seed lacks the figure or its interval, or with fewer than two seeds."""
+    from scipy import stats
+
+    if len(estimates) < 2 or any(e.get("value") is None or e.get("ci_low") is None for e in estimates):
+        return {"value": None, "ci_low": None, "ci_high": None}
+    values = np.array([e["value"] for e in estimates], dtype=float)
+    z = stats.norm.ppf(0.5 + ci / 2)
+    errors = np.array([(e["ci_high"] - e["ci_low"]) / (2 * z) for e in estimates])
+    within = z * math.sqrt(float(np.sum(errors ** 2))) / len(values)
+    between = stats.t.ppf(0.5 + ci / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    mean, half = float(values.mean()), float(max(within, between))
+    return {"value": mean, "ci_low": mean - half, "ci_high": mean + half}
 
 
 # --------------------------------------------------------------------------------------- correlations, AUROC

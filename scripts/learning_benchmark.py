@@ -11,7 +11,8 @@ finished seed is up to date and costs nothing): the blind regime, the PRM readin
 metadata kept: nothing upstream reruns) and runs with ``--lookahead`` on top: the PRM trained again to read the
 game's reply, and the lookahead searches with their rule controls. ``WORKDIR/seeds.md`` and ``seeds.json`` get the
 table of :mod:`clemprm.evaluation.seeds`: per seed and on the mean over the seeds, blind rows first. A claim holds
-when it holds on the mean over at least three seeds; ``--split test`` (the untouched split) is the final check.
+when the 95% interval of its paired difference's mean over at least three seeds clears 0; ``--split test`` (the
+untouched split) is the final check.
 Each seed's row names the commit that ran it; ``--add`` joins the rows of tables made elsewhere (another machine, a
 cluster job, an earlier run) to the table.
 """

@@ -85,3 +85,22 @@ def test_paired_difference_of_a_table_with_itself_is_exactly_zero_and_keeps_comm
 def test_derive_seed_is_stable_and_63_bit():
     assert stats.derive_seed(1, "a", 2) == stats.derive_seed(1, "a", 2) != stats.derive_seed(1, "a", 3)
     assert 0 <= stats.derive_seed("x") < 2 ** 63
+
+
+def test_the_mean_over_seeds_takes_the_wider_of_the_seeds_spread_and_their_own_intervals():
+    """Three seeds that agree do not hide each seed's noise, and narrow intervals do not hide the draw's spread."""
+    z, t2 = 1.959964, 4.302653   # the 97.5% quantiles of the normal and of Student's t with 2 degrees of freedom
+    agreeing = [{"value": v, "ci_low": v - 20.0, "ci_high": v + 20.0} for v in (4.0, 4.5, 5.0)]
+    mean = stats.mean_over_seeds(agreeing)
+    within = z * np.sqrt(3 * (20.0 / z) ** 2) / 3   # a seed's standard error from its interval, seeds independent
+    assert mean["value"] == pytest.approx(4.5)
+    assert mean["ci_high"] - mean["value"] == pytest.approx(within) and mean["ci_low"] < 0
+    spread = [{"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1} for v in (-2.0, 5.0, 12.0)]
+    mean = stats.mean_over_seeds(spread)
+    assert mean["ci_high"] - mean["value"] == pytest.approx(t2 * np.std([-2.0, 5.0, 12.0], ddof=1) / np.sqrt(3))
+    assert mean["ci_low"] < 0
+    consistent = [{"value": v, "ci_low": v - 1.0, "ci_high": v + 1.0} for v in (3.0, 3.5, 4.0)]
+    assert stats.mean_over_seeds(consistent)["ci_low"] > 0
+    missing = consistent[:2] + [{"value": None, "ci_low": None, "ci_high": None}]
+    assert stats.mean_over_seeds(missing) == {"value": None, "ci_low": None, "ci_high": None}
+    assert stats.mean_over_seeds(consistent[:1])["value"] is None   # one seed has no interval over seeds

@@ -11,9 +11,12 @@ instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.sea
   same answer with no model; ``best_of_n_lookahead`` against ``best_of_n_rule``, ``beam_search`` against
   ``beam_search_rule`` and ``beam_search_logprob``.
 
-A claim is judged only on the mean over at least ``MIN_SEEDS`` seeds (fewer: not judged, whatever one seed shows).
-A mean is taken only over seeds that all have the figure (a figure missing in one seed has no mean), so that the
-two sides of a claim always average the same seeds. ``scripts/learning_benchmark.py`` runs the seeds and writes the
+Every claim is a paired difference (the PRM minus a baseline within states, a search minus its control), judged
+only on its mean over at least ``MIN_SEEDS`` seeds (fewer: not judged, whatever one seed shows): it holds when the
+mean's 95% interval clears 0 in the claimed direction (:func:`clemprm.stats.mean_over_seeds`: the wider of the
+seeds' spread and the seeds' own intervals), not when the point estimate merely lies on the right side. A mean is
+taken only over seeds that all have the figure (a figure missing in one seed has no mean), so that the two sides of
+a claim always average the same seeds. ``scripts/learning_benchmark.py`` runs the seeds and writes the
 table.
 """
 
@@ -24,7 +27,7 @@ import math
 import numpy as np
 
 from clemprm.modes import PRM_INPUT_REGIMES
-from clemprm.stats import OVERALL
+from clemprm.stats import OVERALL, mean_over_seeds
 
 MIN_SEEDS = 3   # a claim is judged on the mean over at least this many seeds
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
@@ -50,6 +53,15 @@ def _interval(estimate: dict | None) -> str | None:
     return f"[{estimate['ci_low']:+.3f}, {estimate['ci_high']:+.3f}]"
 
 
+def _estimate(row: dict, key: str) -> dict:
+    """A seed's figure under ``key`` with the interval :func:`_interval` wrote under ``key/ci``, read back."""
+    value, interval = row.get(key, math.nan), row.get(f"{key}/ci")
+    if isinstance(value, str) or math.isnan(value) or interval is None:
+        return {"value": None, "ci_low": None, "ci_high": None}
+    low, high = (float(bound) for bound in interval.strip("[]").split(","))
+    return {"value": value, "ci_low": low, "ci_high": high}
+
+
 def prm_regime(summary: dict) -> str | None:
     """The regime of a summary's PRM: blind for one that read the candidate alone, lookahead for one that read the
     game's reply (a PRM from before ``prm.input`` existed read it); None without a PRM."""
@@ -61,8 +73,9 @@ def prm_regime(summary: dict) -> str | None:
 
 def seed_row(summary: dict) -> dict[str, float | str]:
     """The benchmark's figures of one run's summary, flat, each key led by its regime:
-    ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/difference/<search>-<control>/<metric>`` (with the paired
-    interval as text under the same key + ``/ci``), ``<regime>/gate``. A run holds one PRM, so one regime's ranking;
+    ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/ranking/prm-<scorer>/<metric>`` and
+    ``<regime>/difference/<search>-<control>/<metric>`` (each difference with its paired interval as text under the
+    same key + ``/ci``), ``<regime>/gate``. A run holds one PRM, so one regime's ranking;
     its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
     regime = prm_regime(summary)
@@ -74,8 +87,9 @@ def seed_row(summary: dict) -> dict[str, float | str]:
                 row[f"{regime}/ranking/{scorer}/{metric}"] = _value((groups.get(OVERALL) or {}).get(metric))
         for scorer, groups in (ranking.get("differences") or {}).items():
             for metric in RANKING_METRICS:
-                interval = _interval((groups.get(OVERALL) or {}).get(metric))
-                if interval:
+                difference = (groups.get(OVERALL) or {}).get(metric)
+                row[f"{regime}/ranking/prm-{scorer}/{metric}"] = _value(difference)
+                if interval := _interval(difference):
                     row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
     differences = summary.get("differences") or {}
@@ -97,8 +111,7 @@ def seed_row(summary: dict) -> dict[str, float | str]:
 def seeds_table(rows: dict[int, dict]) -> dict:
     """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate, an
     interval or the commit that ran it); their mean and standard deviation over the seeds, only where every seed has
-    the figure (``incomplete`` lists the others); and the claims, each holding when it holds on the mean (None, not
-    judged, for all of them with fewer than ``MIN_SEEDS`` seeds)."""
+    the figure (``incomplete`` lists the others); and the claims of :func:`claims`."""
     rows = dict(sorted(rows.items()))
     keys = sorted({key for row in rows.values() for key, value in row.items() if not isinstance(value, str)})
     mean, sd, incomplete = {}, {}, []
@@ -110,10 +123,7 @@ def seeds_table(rows: dict[int, dict]) -> dict:
             continue
         mean[key] = float(values.mean())
         sd[key] = float(values.std(ddof=1)) if values.size > 1 else math.nan
-    judged = claims(mean)
-    if len(rows) < MIN_SEEDS:
-        judged = dict.fromkeys(judged)
-    return {"seeds": rows, "mean": mean, "sd": sd, "incomplete": incomplete, "claims": judged}
+    return {"seeds": rows, "mean": mean, "sd": sd, "incomplete": incomplete, "claims": claims(rows)}
 
 
 def rows_of(table: dict) -> dict[int, dict]:
@@ -122,27 +132,36 @@ def rows_of(table: dict) -> dict[int, dict]:
     return {int(seed): row for seed, row in table["seeds"].items()}
 
 
-def claims(mean: dict[str, float]) -> dict[str, bool | None]:
-    """The benchmark's claims on the means, per regime (None where a figure is missing)."""
-    def compare(a: str, b: str, higher: bool = True) -> bool | None:
-        x, y = mean.get(a, math.nan), mean.get(b, math.nan)
-        return None if math.isnan(x) or math.isnan(y) else (x > y if higher else x < y)
-
+def claim_differences() -> dict[str, tuple[str, int]]:
+    """The benchmark's claims, per regime: claim -> (the paired difference it rests on, the sign it needs)."""
     result = {}
     for regime, baselines in RANKING_BASELINES.items():
         for baseline in baselines + REFERENCES[regime]:
             reference = " (reference)" if baseline in REFERENCES[regime] else ""
-            result[f"{regime}: prm ranks siblings better than {baseline}{reference} (pairwise accuracy)"] = compare(
-                f"{regime}/ranking/prm/pairwise_accuracy", f"{regime}/ranking/{baseline}/pairwise_accuracy")
-            result[f"{regime}: prm picks better than {baseline}{reference} (top-1 regret)"] = compare(
-                f"{regime}/ranking/prm/top1_regret", f"{regime}/ranking/{baseline}/top1_regret", higher=False)
+            result[f"{regime}: prm ranks siblings better than {baseline}{reference} (pairwise accuracy)"] = (
+                f"{regime}/ranking/prm-{baseline}/pairwise_accuracy", +1)
+            result[f"{regime}: prm picks better than {baseline}{reference} (top-1 regret)"] = (
+                f"{regime}/ranking/prm-{baseline}/top1_regret", -1)
     for regime, searches in SEARCH_CONTROLS.items():
         for search, controls in searches.items():
             for control in controls:
                 for metric in DIFFERENCE_METRICS:
-                    value = mean.get(f"{regime}/difference/{search}-{control}/{metric}", math.nan)
-                    result[f"{regime}: {search} beats {control} on {metric}"] = (None if math.isnan(value)
-                                                                                 else value > 0)
+                    result[f"{regime}: {search} beats {control} on {metric}"] = (
+                        f"{regime}/difference/{search}-{control}/{metric}", +1)
+    return result
+
+
+def claims(rows: dict[int, dict]) -> dict[str, dict]:
+    """Each claim's paired difference, its mean over the seeds with a 95% interval
+    (:func:`clemprm.stats.mean_over_seeds`), and whether it holds: the interval clears 0 in the claimed direction
+    (None: not judged, with fewer than ``MIN_SEEDS`` seeds or where a seed lacks the figure)."""
+    result = {}
+    for claim, (key, sign) in claim_differences().items():
+        mean = mean_over_seeds([_estimate(row, key) for row in rows.values()])
+        holds = None
+        if len(rows) >= MIN_SEEDS and mean["value"] is not None:
+            holds = bool(mean["ci_low"] > 0 if sign > 0 else mean["ci_high"] < 0)
+        result[claim] = {"difference": key, "mean": mean, "holds": holds}
     return result
 
 
@@ -170,7 +189,11 @@ def markdown(table: dict) -> str:
         lines += ["", "No mean (a seed lacks the figure): " + ", ".join(table["incomplete"])]
     unjudged = (f"not judged ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}; {MIN_SEEDS} needed)"
                 if len(seeds) < MIN_SEEDS else "n/a")
-    lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds) | holds |", "|---|---|"]
-    lines += [f"| {claim} | {unjudged if holds is None else 'yes' if holds else 'no'} |"
-              for claim, holds in table["claims"].items()]
+    lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds: its 95% interval clears 0) "
+              "| mean difference [95% interval] | holds |", "|---|---|---|"]
+    for claim, judged in table["claims"].items():
+        mean = judged["mean"]
+        shown = "n/a" if mean["value"] is None else f"{mean['value']:+.3f} {_interval(mean)}"
+        holds = unjudged if judged["holds"] is None else "yes" if judged["holds"] else "no"
+        lines.append(f"| {claim} | {shown} | {holds} |")
     return "\n".join(lines) + "\n"
