@@ -118,7 +118,8 @@ def validate_config(config: dict, command_line: dict | None = None) -> dict:
     if renamed:
         raise ConfigError(renamed)
     validator = ConfigValidator(_schema())
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    errors = sorted(validator.iter_errors(config),
+                    key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         first = errors[0]
         deeper = [error for error in first.context or () if len(error.absolute_path) > len(first.absolute_path)]

@@ -42,7 +42,8 @@ rule eval_summary:
         # the earlier stages the modes are built from: their failure marks (on_failure: continue) reach the summary
         upstream=upstream_outputs(config["eval"]["modes"]),
         # the PRM stage's held-out metrics, which the summary repeats, when a mode ranks by that PRM
-        prm_metrics=["results/prm/metrics.json"] if any(MODES[m].scorer == "prm" for m in config["eval"]["modes"]) else [],
+        prm_metrics=(["results/prm/metrics.json"]
+                     if any(MODES[m].scorer == "prm" for m in config["eval"]["modes"]) else []),
     output:
         report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
     params:

@@ -42,7 +42,8 @@ def main() -> None:
                                              "max_instances": {"train": 1000, "validation": 1000, "test": 1000}}})
     catalog = GameCatalog(games["games"])
     per_game = args.episodes // len(catalog.games)
-    instances = {game: [i for split in ("train", "validation", "test") for i in catalog.instances(game, split)][:per_game]
+    instances = {game: [i for split in ("train", "validation", "test")
+                        for i in catalog.instances(game, split)][:per_game]
                  for game in catalog.games}
     n_episodes = sum(map(len, instances.values()))
     policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), temperature=args.temperature,

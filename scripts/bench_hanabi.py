@@ -41,7 +41,8 @@ def experiments() -> dict[str, tuple[DeckConfig, list[str]]]:
         data = json.loads((builtin_game_dir("hanabi") / "in" / f"instances_{split}.json").read_text())
         for experiment in data["experiments"]:
             config = DeckConfig.from_experiment(experiment)
-            found.setdefault(experiment["name"], (config, []))[1].extend(i["deck"] for i in experiment["game_instances"])
+            decks = found.setdefault(experiment["name"], (config, []))[1]
+            decks.extend(i["deck"] for i in experiment["game_instances"])
     return found
 
 
@@ -106,12 +107,14 @@ def smollm2(episodes: int, config_path: str) -> None:
     scores = [json.loads(row["episode_scores"]).get("Fireworks Score", math.nan) for row in rows]
     played = [row for row in rows if not row["aborted"]]
     turns = sum(row["n_turns"] for row in rows)
+    experiments = ", ".join(sorted({i.experiment["name"] for i in instances}))
     print(f"SmolLM2 base ({policy.name}, T={sampling.temperature}, {sampling.max_new_tokens} new tokens, "
-          f"{config['model']['threads']} threads), {len(rows)} validation episodes of {', '.join(sorted({i.experiment['name'] for i in instances}))}:")
+          f"{config['model']['threads']} threads), {len(rows)} validation episodes of {experiments}:")
     print("  per turn (" + str(len(rewards)) + " answers): " + ", ".join(
         f"{key} {statistics.mean(r[key] for r in rewards):.3f}" for key in REWARD_KEYS))
+    fireworks = statistics.mean(s for s, r in zip(scores, rows) if not r["aborted"]) if played else math.nan
     print(f"  played {100 * len(played) / len(rows):.0f}%, success {sum(row['success'] for row in rows)}, "
-          f"fireworks score of played episodes {statistics.mean(s for s, r in zip(scores, rows) if not r['aborted']) if played else math.nan:.2f}, "
+          f"fireworks score of played episodes {fireworks:.2f}, "
           f"BENCH_SCORE {statistics.mean(r['bench_score'] for r in played) if played else math.nan:.1f}")
     print(f"  {turns} turns in {seconds:.0f} s ({turns / seconds:.2f} turns/s), errors "
           f"{sum(row['error'] is not None for row in rows)}")

@@ -8,10 +8,11 @@ Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): 
 branch points (``branch_points.max_per_episode``) with ``--siblings`` candidates each, each labelled by ``--k``
 continuations (the ``branch_points`` and ``soft_labels`` stages' own functions); ``--labels`` takes a pipeline's
 ``results/labels/soft_labels.parquet`` instead. Then the PRM stage
-(:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm`` section, e.g.
-``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the script prints
-each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1 regret and the pick's
-label (bootstrap CIs over held-out instances), global AUROC and Pearson, and the training time.
+(:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm``
+section, e.g. ``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the
+script prints each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1
+regret and the pick's label (bootstrap CIs over held-out instances), global AUROC and Pearson, and the training
+time.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--labels", type=Path, default=None, help="soft labels to train on (default: made here)")
-    parser.add_argument("--sft-adapter", default=None, help="the policy of the log-probability baseline (with --labels)")
+    parser.add_argument("--sft-adapter", default=None,
+                        help="the policy of the log-probability baseline (with --labels)")
     parser.add_argument("--episodes", nargs="*", default=[], help="played episode records (a pipeline's "
                         "results/rollouts/base_train.parquet, results/labels/sft_train_episodes.parquet) for variants "
                         "with acceptance_examples")

@@ -128,7 +128,8 @@ def bench_rollouts(args, adapter: str) -> None:
     lockstep_rate, baseline_rate = lockstep_episodes / lockstep_seconds, len(pairs) / baseline_seconds
     print(json.dumps({"rollouts": {
         "lockstep": {"episodes": lockstep_episodes, "seconds": round(lockstep_seconds, 1),
-                     "episodes_per_s": round(lockstep_rate, 4), "tokens_per_s": round(lockstep_tokens / lockstep_seconds, 1)},
+                     "episodes_per_s": round(lockstep_rate, 4),
+                     "tokens_per_s": round(lockstep_tokens / lockstep_seconds, 1)},
         "hf_generate_one_at_a_time": {"episodes": len(pairs), "seconds": round(baseline_seconds, 1),
                                       "episodes_per_s": round(baseline_rate, 4),
                                       "tokens_per_s": round(tokens / baseline_seconds, 1)},

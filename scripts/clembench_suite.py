@@ -6,8 +6,8 @@ instance list), branch points and K-rollout soft labels of those trajectories (t
 SFT policy), greedy evaluation on its next instance(s). Every stage runs with ``on_failure: continue`` so that the
 table shows what each stage did; a stage that raised is named in the last column. Also printed: which partial
 score a capped label continuation of the game gets (the game's ``partial_bench_score``, its own scorer on the
-episode closed as lost, 0 where that yields none, or an error where the scorer raises on answers), probed after 0, 1, 2 answers of the game's own programmatic
-players (clembench players implement ``_custom_response``).
+episode closed as lost, 0 where that yields none, or an error where the scorer raises on answers), probed after 0,
+1, 2 answers of the game's own programmatic players (clembench players implement ``_custom_response``).
 
     python scripts/clembench_suite.py --clembench /path/to/clembench --model tiny:0
     python scripts/clembench_suite.py --clembench /path/to/clembench --model embedded:smollm2-135m-instruct \

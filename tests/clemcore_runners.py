@@ -16,10 +16,12 @@ class ReferenceEpisode:
     scores: dict = field(default_factory=dict)
 
 
-def run_clemcore(runner: str, benchmark, instances: list[Instance], model, batch_size: int = 1) -> list[ReferenceEpisode]:
+def run_clemcore(runner: str, benchmark, instances: list[Instance], model,
+                 batch_size: int = 1) -> list[ReferenceEpisode]:
     """Play ``instances`` of one game with clemcore's ``runner`` ("sequential" or "batchwise"); score each episode."""
     import_clemcore()
-    from clemcore.clemgame import GameBenchmarkCallback, GameBenchmarkCallbackList, GameInstances, GameInteractionsRecorder
+    from clemcore.clemgame import (GameBenchmarkCallback, GameBenchmarkCallbackList, GameInstances,
+                                   GameInteractionsRecorder)
     from clemcore.clemgame.runners import batchwise, sequential
 
     episodes: dict[tuple, ReferenceEpisode] = {}

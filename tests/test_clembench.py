@@ -528,8 +528,9 @@ def test_every_episode_of_a_game_failing_stops_the_rl_stage(checkout, tmp_path, 
     config["rl"].update(lora=lora, steps=1, group_size=2, max_new_tokens=4)
     settings = rl_params(config, "grpo")
     paths = [str(tmp_path / name) for name in ("adapter", "metrics.json")]
-    with pytest.raises(StageFailure, match=r"rl_adapter \(grpo\) step 0: every episode of game broken_setup: "
-                                           r"(\d+) of \1 episodes failed, first error: .*ValueError: math domain error"):
+    expected = (r"rl_adapter \(grpo\) step 0: every episode of game broken_setup: "
+                r"(\d+) of \1 episodes failed, first error: .*ValueError: math domain error")
+    with pytest.raises(StageFailure, match=expected):
         rl_trainer.train_rl(settings, None, *paths, test_cache_dir)
     assert not (tmp_path / "metrics.json").exists()
     metrics = rl_trainer.train_rl(settings, None, *paths, test_cache_dir, on_failure="continue")

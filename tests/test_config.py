@@ -142,7 +142,8 @@ def test_rl_params_hold_one_algorithm_and_prime_keys_only_for_prime():
     config = load_config()
     grpo, prime = rl_params(config, "grpo"), rl_params(config, "prime")
     assert set(grpo) == {"seed", "model", "games", "rl"} and grpo["rl"]["algorithm"] == "grpo"
-    assert "algorithms" not in grpo["rl"] and "prime" not in grpo["rl"] and prime["rl"]["prime"] == config["rl"]["prime"]
+    assert "algorithms" not in grpo["rl"] and "prime" not in grpo["rl"]
+    assert prime["rl"]["prime"] == config["rl"]["prime"]
     changed = load_config(overrides={"rl": {"prime": {"lr": 1e-3}, "algorithms": ["prime", "grpo"]}})
     assert rl_params(changed, "grpo") == grpo and rl_params(changed, "prime") != prime
 

@@ -1,5 +1,6 @@
 """scripts/device_check.sh, the GPU check, as far as a machine without a GPU can check it: the script parses, its
-dry run lists every step under a time limit, the checks fit in 8 minutes, and the summary goes where docs/benchmarks.md says."""
+dry run lists every step under a time limit, the checks fit in 8 minutes, and the summary goes where
+docs/benchmarks.md says."""
 
 from __future__ import annotations
 

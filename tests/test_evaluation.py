@@ -241,7 +241,8 @@ def test_bootstrap_interval_is_the_percentile_interval_of_instance_draws(eval_ru
                     for key in instances]
         rng = np.random.default_rng(derive_seed(settings["seed"], "bootstrap", game, len(instances)))
         draws = rng.multinomial(len(instances), [1 / len(instances)] * len(instances), size=samples)
-        per_game[game] = [100 * sum(int(n) * sum(not row["aborted"] for row in group) for n, group in zip(draw, episodes))
+        per_game[game] = [100 * sum(int(n) * sum(not row["aborted"] for row in group)
+                                    for n, group in zip(draw, episodes))
                           / sum(int(n) * len(group) for n, group in zip(draw, episodes)) for draw in draws]
     per_game["overall"] = [sum(values[d] for values in per_game.values()) / len(per_game) for d in range(samples)]
     for group, values in per_game.items():
@@ -310,7 +311,8 @@ def test_report_figures_are_written_also_when_inputs_lack_data(eval_run, tmp_pat
     empty = {name: str(tmp_path / "empty" / f"{name}.png") for name in outputs}
     report.report_figures(*(str(tmp_path / "missing") for _ in range(4)), empty)
     assert all((tmp_path / "empty" / f"{name}.png").stat().st_size > 0 for name in outputs)
-    assert report.figure_data(empty["scores"])["modes"] == {} and report.figure_data(empty["soft_labels"])["counts"] == {}
+    assert report.figure_data(empty["scores"])["modes"] == {}
+    assert report.figure_data(empty["soft_labels"])["counts"] == {}
     assert report.figure_data(empty["calibration"])["points"] == []
     assert report.figure_data(empty["sibling_picks"]) == {"groups": [], "bars": {}}
 

@@ -69,7 +69,8 @@ def test_rules_on_a_hand_built_game():
     assert [hc.card for hc in state.hands[1]] == [Card("yellow", 1), Card("yellow", 2), Card("red", 1)]
     assert state.illegal_reason(Move("discard", 0)).startswith("all 4 hint tokens")
     assert state.illegal_reason(Move("hint_colour", "yellow")) is None
-    assert state.illegal_reason(Move("hint_rank", 3)) == "your partner has no 3 card: a hint must touch at least one card"
+    assert state.illegal_reason(Move("hint_rank", 3)) == (
+        "your partner has no 3 card: a hint must touch at least one card")
     assert state.apply(Move("hint_colour", "yellow")) == "hinted yellow: your slots 1, 2"
     told = state.hands[1]
     assert [hc.told_colour for hc in told] == ["yellow", "yellow", None] and told[2].not_colours == {"yellow"}

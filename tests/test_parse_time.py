@@ -6,7 +6,6 @@ cannot download, clemgame.json files without a game_name; config files that are 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import re

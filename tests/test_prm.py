@@ -31,7 +31,8 @@ def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: 
     scores = [100.0] * round(8 * label) + [0.0] * (8 - round(8 * label))
     # the turns of an instance share their prefix: siblings of one state
     return {"bp_id": f"{episode_id}/{turn}", "prefix_id": f"{episode_id}/0", "episode_id": episode_id, "game": game,
-            "experiment": experiment, "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1", "game_role": "Guesser",
+            "experiment": experiment, "game_id": game_id, "split": "train", "turn_idx": turn, "player": "Player 1",
+            "game_role": "Guesser",
             "prefix": prefix, "candidate": candidate, "history": [candidate], "parse_ok": True,
             "reply": "", "seed": turn,
             "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
@@ -72,6 +73,10 @@ def write_labels(path, rows) -> str:
 def pairs_of(rows) -> list[Pair]:
     """The rows as a lookahead search gives them to a scorer (the game's reply and verdict included)."""
     return [Pair(row["prefix"], row["candidate"], row["reply"], row["parse_ok"]) for row in rows]
+
+
+def instance_key_of(row: dict) -> tuple[str, ...]:
+    return records.instance_key(row["game"], row["experiment"], row["game_id"])
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +268,7 @@ def test_training_separates_the_labels_and_beats_the_baselines(trained):
     assert validation["auroc"] > 0.95 and validation["pearson"] > 0.8 and validation["spearman"] > 0.8
     baselines = metrics["baselines"]
     validation_keys = set(metrics["examples"]["validation_instance_keys"])
-    train_labels = [row["label"] for row in trained["rows"] if "/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) not in validation_keys]
+    train_labels = [row["label"] for row in trained["rows"] if "/".join(instance_key_of(row)) not in validation_keys]
     assert baselines["constant_mean"]["value"] == pytest.approx(sum(train_labels) / len(train_labels))
     assert baselines["constant_mean"]["validation"]["auroc"] == 0.5
     assert baselines["constant_mean"]["validation"]["pearson"] is None      # constant predictions
@@ -322,7 +327,8 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
     ranking = summary["ranking"]
     assert drawn["groups"] == ["g1", "g2", "overall"]
     expected = {"best sibling": [ranking["best_label"][group]["value"] for group in drawn["groups"]]}
-    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"), ("candidate-length pick", "candidate_length")):
+    for label, scorer in (("PRM pick", "prm"), ("random pick", "constant_mean"),
+                          ("candidate-length pick", "candidate_length")):
         expected[label] = [ranking["scorers"][scorer][group]["pick_label"]["value"] for group in drawn["groups"]]
     for label, values in expected.items():
         assert drawn["bars"][label]["values"] == pytest.approx(values), label
@@ -368,7 +374,8 @@ def test_sampling_keeps_sibling_groups_whole():
     examples = [prm.Example([1], False, 0.0, ("g", "e", str(i // 3)), state_id=f"p{i // 3}", row=i) for i in range(12)]
     sampled = prm.sample_whole_groups(examples, 7, seed=3)
     assert len(sampled) == 6 and all(len(group) == 3 for group in prm.sibling_groups(sampled))
-    assert prm.sample_whole_groups(examples, 7, seed=3) == sampled and prm.sample_whole_groups(examples, None, 3) == examples
+    assert prm.sample_whole_groups(examples, 7, seed=3) == sampled
+    assert prm.sample_whole_groups(examples, None, 3) == examples
 
 
 def test_pairwise_training_batches_whole_states_and_ranks_held_out_siblings(tmp_path, test_cache_dir):
@@ -413,18 +420,18 @@ def test_metrics_json_has_every_key(trained):
 def test_held_out_split_is_by_instance(trained):
     metrics = trained["metrics"]
     validation = set(metrics["examples"]["validation_instance_keys"])
-    keys = {"/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) for row in trained["rows"]}
+    keys = {"/".join(instance_key_of(row)) for row in trained["rows"]}
     assert len(keys) == 24 and len(validation) == 6 and validation < keys    # g1/e0/3 and g1/e1/3 are two instances
     assert metrics["examples"]["validation"] == 2 * len(validation) and metrics["examples"]["train"] == 2 * 18
     assert metrics["examples"]["validation_instances"] == 6 and metrics["examples"]["train_instances"] == 18
     assert validation == {"/".join(key) for key in split_instances(
-        [records.instance_key(row["game"], row["experiment"], row["game_id"]) for row in trained["rows"]], 0.25, trained["settings"]["seed"])}
+        [instance_key_of(row) for row in trained["rows"]], 0.25, trained["settings"]["seed"])}
 
 
 def test_reloaded_adapter_reproduces_the_scores(trained):
     metrics, scorer = trained["metrics"], trained["scorer"]
     validation = set(metrics["examples"]["validation_instance_keys"])
-    rows = [row for row in trained["rows"] if "/".join(records.instance_key(row["game"], row["experiment"], row["game_id"])) in validation]
+    rows = [row for row in trained["rows"] if "/".join(instance_key_of(row)) in validation]
     scores = scorer.score(pairs_of(rows))
     recomputed = prm_metrics.prediction_metrics(scores, [row["label"] for row in rows])
     for key in ("bce", "mse", "mean_prediction", "auroc"):
@@ -580,7 +587,8 @@ def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path
                             str(tmp_path / "metrics.json"), test_cache_dir)
     assert metrics["status"] == "trained" and metrics["model"]["quantization"] == "nf4"
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
-    on_full_adapter = prm_model.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"), test_cache_dir)
+    on_full_adapter = prm_model.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"),
+                                         test_cache_dir)
     for model in (scorer.model, on_full_adapter.model):
         quantized = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
         assert quantized and any(hasattr(m, "lora_A") and type(m.base_layer).__name__ == "Linear4bit"
@@ -708,7 +716,8 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
     few = prm_metrics.quality_gate(None, {**ranking_of(prm=(1.0, 0.0), constant_mean=(0.5, 0.1), width=0.0),
                                          "pairs_with_different_labels": prm_metrics.MIN_RANKED_PAIRS - 1},
                                    gate_settings())
-    assert few["status"] == "not_measured" and "5 held-out sibling pairs with different labels" in few["not_measured"][1]
+    assert few["status"] == "not_measured"
+    assert "5 held-out sibling pairs with different labels" in few["not_measured"][1]
     assert "FAIL spread" in prm_metrics.gate_lines(gate)
 
 
@@ -857,7 +866,8 @@ def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_sear
 
     class Policy(scripted_policy):
         def generate(self, perspectives, seeds=None, **kwargs):
-            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2) for _ in perspectives]
+            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2)
+                    for _ in perspectives]
 
     paths = {}
     for mode in ("greedy_sft", "best_of_n"):

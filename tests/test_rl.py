@@ -294,7 +294,8 @@ def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters
     model.eval()   # no dropout: both passes see the same function
     turns = []
     for prompt, answer, advantage in [("Guess a number.", "GUESS: 5<|im_end|>", 0.5),
-                                      ("Which word?", "ANSWER: table<|im_end|>", -1.0), ("Hello!", "Hi<|im_end|>", 0.0)]:
+                                      ("Which word?", "ANSWER: table<|im_end|>", -1.0),
+                                      ("Hello!", "Hi<|im_end|>", 0.0)]:
         completion = tokens(tokenizer, answer)
         turns.append(Turn(tokens(tokenizer, prompt), completion, advantages=[advantage] * len(completion), kl_beta=0.1))
     normaliser = trainer.step_normaliser(turns, "tokens", 24)

@@ -180,8 +180,8 @@ def test_stage_one_gradient_comes_only_from_y2s_logprobs_and_y1s_kl(training_mod
     groups = [two_attempts(tokenizer, r1=0.5, r2=1.0)]
     got, normaliser = policy_gradients(model, groups, stage1)
     (y1,), (y2,) = groups[0].first.sequences, groups[0].second.sequences
-    expected = manual_gradients(model, [(turn, 0.0, 0.1) for turn in y1.turns] + [(turn, 1.0, 0.0) for turn in y2.turns],
-                                normaliser)
+    weighted_turns = [(turn, 0.0, 0.1) for turn in y1.turns] + [(turn, 1.0, 0.0) for turn in y2.turns]
+    expected = manual_gradients(model, weighted_turns, normaliser)
     assert any(g.abs().max() > 0 for g in got)
     for a, b in zip(got, expected):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)

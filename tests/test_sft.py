@@ -33,6 +33,10 @@ def interaction(messages, game="synthetic", experiment="e0", task_id=0, outcome=
                                            "outcome": outcome}}
 
 
+def meta_instance_key(row: dict) -> tuple[str, ...]:
+    return records.instance_key(row["meta"]["game"], row["meta"]["experiment"], row["meta"]["task_id"])
+
+
 def synthetic_rows(per_instance: int = 2) -> list[dict]:
     rows = []
     for i, (prompt, answer) in enumerate(SYNTHETIC):
@@ -54,7 +58,8 @@ def write_extra_jsonl(path) -> str:
     """A small playpen-data interactions export: one successful episode (two turns of another game) and one
     lost episode whose answer must not be learned."""
     won = interaction([{"role": "user", "content": EXTRA_PROMPT}, {"role": "assistant", "content": "green"},
-                       {"role": "user", "content": "Wrong. Try again."}, {"role": "assistant", "content": EXTRA_ANSWER}],
+                       {"role": "user", "content": "Wrong. Try again."},
+                       {"role": "assistant", "content": EXTRA_ANSWER}],
                       game="extragame", experiment="x", task_id=0, outcome="success")
     lost = interaction([{"role": "user", "content": EXTRA_PROMPT}, {"role": "assistant", "content": "ANSWER: red"}],
                        game="extragame", experiment="x", task_id=1, outcome="lose")
@@ -230,7 +235,7 @@ def test_qlora_nf4_on_cpu_with_instance_split_and_eval_per_epoch(tmp_path, test_
                             test_cache_dir)
     assert metrics["model"]["quantization"] == "nf4" and metrics["status"] == "trained"
     # held out by instance: 3 of the 12 instances, with both rows of each
-    keys = [records.instance_key(row["meta"]["game"], row["meta"]["experiment"], row["meta"]["task_id"]) for row in rows]
+    keys = [meta_instance_key(row) for row in rows]
     assert metrics["examples"]["validation_instance_keys"] == sorted(
         "/".join(key) for key in split_instances(keys, 0.25, settings["seed"]))
     assert metrics["examples"]["validation"] == 2 * 3 and metrics["examples"]["train"] == 2 * 9
@@ -269,7 +274,7 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, test_cache_dir):
                                      adapter=str(tmp_path / "adapter")))
     chat = sft.ChatFormat(policy.tokenizer, policy.cfg.chat_template_kwargs, [policy.tokenizer.eos_token_id])
     validation = set(metrics["examples"]["validation_instance_keys"])
-    examples, _ = sft.build_examples([row for row in rows * 2 if "/".join(records.instance_key(row["meta"]["game"], row["meta"]["experiment"], row["meta"]["task_id"])) in validation],
+    examples, _ = sft.build_examples([row for row in rows * 2 if "/".join(meta_instance_key(row)) in validation],
                                      chat, 1024, "sft_data")
     total, count = 0.0, 0
     with torch.no_grad():
@@ -298,7 +303,8 @@ def test_no_training_examples_writes_an_untrained_adapter_equal_to_the_base(tmp_
     policy = PolicyModel(ModelConfig(spec="tiny:0", threads=1, cache_dir=test_cache_dir,
                                      adapter=str(tmp_path / "adapter")), max_new_tokens=8)
     prompts = [[{"role": "user", "content": prompt}] for prompt, _ in SYNTHETIC]
-    assert [g.text for g in policy.generate(prompts)] == [g.text for g in base_policy.generate(prompts, max_new_tokens=8)]
+    expected = [g.text for g in base_policy.generate(prompts, max_new_tokens=8)]
+    assert [g.text for g in policy.generate(prompts)] == expected
 
 
 def test_a_run_whose_schedule_never_leaves_lr_0_is_a_failure_not_trained(tmp_path, test_cache_dir):

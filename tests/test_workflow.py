@@ -51,7 +51,8 @@ def tiny_workflow_config(cache_dir: str) -> dict:
         "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 8},
         "win_filter": {"require_success": True, "min_bench_score": 0.0},
         # a random tiny model rarely wins: a small playpen-data file guarantees SFT examples
-        "sft": {"epochs": 2, "batch_size": 4, "grad_accum": 1, "max_examples": 8, "lr": 1e-3, "extra_data": "extra.jsonl"},
+        "sft": {"epochs": 2, "batch_size": 4, "grad_accum": 1, "max_examples": 8, "lr": 1e-3,
+                "extra_data": "extra.jsonl"},
         "branch_points": {"max_new_tokens": 8, "siblings": 2},   # the PRM's held-out ranking needs siblings
         "labels": {"k": 2, "max_new_tokens": 8, "shards": 2, "checkpoint_every": 2},
         "prm": {"epochs": 1, "max_examples": 16, "batch_size": 8, "grad_accum": 1},
@@ -116,7 +117,8 @@ def planned_outputs(dry_run_output: str) -> set[str]:
             for path in line.split(",")}
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True, configfile: Path | None = None) -> subprocess.CompletedProcess:
+def snakemake(workdir: Path, *args: str, check: bool = True,
+              configfile: Path | None = None) -> subprocess.CompletedProcess:
     """snakemake in ``workdir`` with its tiny.yaml (or ``configfile``, e.g. a changed copy for a dry run)."""
     # targets and options before --configfile, which takes every following word as a config file
     configfile = configfile or workdir / "tiny.yaml"
@@ -262,8 +264,8 @@ def test_report_figures_show_their_inputs(completed_run):
     picks = report.figure_data(results / "report/prm_sibling_picks.png")
     ranking = summary["prm"]["ranking"]
     assert picks["groups"] == sorted(set(ranking["best_label"]) - {"overall"}) + ["overall"]
-    assert picks["bars"]["PRM pick"]["values"] == pytest.approx(
-        [_none_as_nan(ranking["scorers"]["prm"][group]["pick_label"]["value"]) for group in picks["groups"]], nan_ok=True)
+    prm_picks = [_none_as_nan(ranking["scorers"]["prm"][group]["pick_label"]["value"]) for group in picks["groups"]]
+    assert picks["bars"]["PRM pick"]["values"] == pytest.approx(prm_picks, nan_ok=True)
     assert picks["bars"]["best sibling"]["values"] == pytest.approx(
         [_none_as_nan(ranking["best_label"][group]["value"]) for group in picks["groups"]], nan_ok=True)
 
@@ -347,8 +349,8 @@ RERUNS = {
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob"}),
     # score.* reruns SCoRe, its eval mode, the summary and the figures after it; no other stage or mode
     "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
-              set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "rl_adapter",
-                               "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
+              set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob",
+                               "rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
     # where models are cached is not a rerun trigger
     "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
     # nor is the tracker the training curves go to

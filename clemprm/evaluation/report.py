@@ -325,7 +325,8 @@ def plot_self_correction(summary: dict, score_metrics: dict, path: str | Path) -
         bars.bar(positions, values, width, yerr=errors, capsize=3, label=f"{role} policy")
         drawn["bars"][role] = {"values": values, "errors": errors}
     if policies:
-        bars.set_xticks(range(len(SELF_CORRECTION_BARS)), [label for _, label in SELF_CORRECTION_BARS], fontsize="small")
+        bars.set_xticks(range(len(SELF_CORRECTION_BARS)), [label for _, label in SELF_CORRECTION_BARS],
+                        fontsize="small")
         bars.set(ylim=(0, 105), ylabel="% of episodes", title="self_correct (greedy), overall")
         bars.legend(fontsize="small")
     history = [entry for entry in score_metrics.get("history") or [] if isinstance(entry, dict)]

@@ -543,8 +543,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
 
     Applies threads, dtype (auto: fp32 on CPU, bf16 on CUDA), quantization (auto: NF4 double-quant with bf16
     compute on CUDA, none on CPU; ``nf4`` on CPU computes in fp32), a distinct pad token, the adapter
-    (``PeftModel``, trainable if ``for_training``), the CPU Gated-DeltaNet kernel (:mod:`clemprm.models.gated_delta`) and,
-    on CPU, :func:`keep_freed_memory`.
+    (``PeftModel``, trainable if ``for_training``), the CPU Gated-DeltaNet kernel (:mod:`clemprm.models.gated_delta`)
+    and, on CPU, :func:`keep_freed_memory`.
     Quantized models loaded ``for_training`` go through ``peft.prepare_model_for_kbit_training`` (without
     gradient checkpointing: the trainer decides that).
     Inference models are returned in eval mode.

@@ -142,7 +142,8 @@ class VLLMServer:
         try:
             models = _request(f"{self.url}/v1/models", timeout=30)["data"]
         except Exception as error:
-            raise VLLMError(f"the vLLM server at {self.url} does not answer /v1/models: {_error_text(error)}") from error
+            raise VLLMError(f"the vLLM server at {self.url} does not answer /v1/models: "
+                            f"{_error_text(error)}") from error
         return models[0]["id"]
 
     def _wait_until_healthy(self, timeout_s: float) -> None:
@@ -262,7 +263,8 @@ class VLLMDecoder:
             try:
                 entries = self._complete(payload)["prompt_logprobs"][len(ids) - tail:]
             except urllib.error.HTTPError as error:
-                log.warning("the vLLM server refused to score a sequence of %d tokens: %s", len(ids), _error_text(error))
+                log.warning("the vLLM server refused to score a sequence of %d tokens: %s", len(ids),
+                            _error_text(error))
                 scored.append(None)
                 continue
             scored.append([entry[str(token)]["logprob"] for entry, token in zip(entries, ids[len(ids) - tail:])])

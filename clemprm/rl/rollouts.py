@@ -93,7 +93,8 @@ def collect_groups(engine: RolloutEngine, policy, instances: list[Instance], gro
         game, experiment, game_id = instance.key
         for g in range(group_size):
             episode_id = f"{game}/{experiment}/{game_id}/{g}"
-            episodes.append(engine.start(instance, [policy], episode_id, derive_seed(base_seed, "rl", step, episode_id)))
+            seed = derive_seed(base_seed, "rl", step, episode_id)
+            episodes.append(engine.start(instance, [policy], episode_id, seed))
             owner.append(index)
     return play_groups(engine, policy, instances, episodes, owner, step=step, sampling=sampling, reward_of=reward_of,
                        turn_reward_of=turn_reward_of)
@@ -103,7 +104,8 @@ def play_groups(engine: RolloutEngine, policy, instances: list[Instance], episod
                 step: int, sampling: Sampling, reward_of, turn_reward_of=None, label: str = "rollouts") -> list[Group]:
     """Play the started ``episodes`` (episode ``i`` of instance ``owner[i]``) with ``policy`` in lockstep; return
     one :class:`Group` per instance (its episodes in order), rewarded as :func:`collect_groups` says.
-    :func:`collect_groups` starts them; SCoRe's attempt builder starts attempt 2 episodes (:mod:`clemprm.rl.attempts`)."""
+    :func:`collect_groups` starts them; SCoRe's attempt builder starts attempt 2 episodes
+    (:mod:`clemprm.rl.attempts`)."""
     played: list[list[tuple[str, Turn]]] = [[] for _ in episodes]
     progress = Progress(len(episodes), f"rl step {step} {label}")
     live = [i for i, episode in enumerate(episodes) if not episode.done]

@@ -68,7 +68,8 @@ def shaped_reward(r1: float, r2: float, alpha: float) -> float:
 @dataclass
 class TwoAttempts(Group):
     """Both attempts of ``G`` episodes of one instance: ``rows`` and ``sequences`` hold attempt 1's then attempt
-    2's (what the trainer's update trains on); ``first`` and ``second`` keep them apart, episode ``g`` of each paired."""
+    2's (what the trainer's update trains on); ``first`` and ``second`` keep them apart, episode ``g`` of each
+    paired."""
 
     first: Group
     second: Group

@@ -52,8 +52,8 @@ from clemprm.play.chat import end_of_turn_text, end_token_ids, normalise, render
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
-                              finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config, progress_callback,
-                              sample_at_most, shared_scratch_beside, split_instances, step_grouped,
+                              finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config,
+                              progress_callback, sample_at_most, shared_scratch_beside, split_instances, step_grouped,
                               trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ def read_interactions(path: str | Path, schema=None) -> list[dict]:
     else:
         raise ValueError(f"interactions file {path}: unsupported format {path.suffix!r} (use .parquet or .jsonl)")
     for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not isinstance(row.get("meta"), dict):
+        if not (isinstance(row, dict) and isinstance(row.get("messages"), list)
+                and isinstance(row.get("meta"), dict)):
             raise ValueError(f"interactions file {path}, row {i}: needs `messages` (a list) and `meta` (a mapping), "
                              f"the playpen-data interactions layout")
     return rows

@@ -20,7 +20,8 @@ discarded, not in the partner's hand). Its rules, the first that applies wins:
 7. play the card most likely to be playable (only when no other move is legal).
 
 It only ever picks legal moves; it never misplays by rule 1 (its knowledge is always true), only by rule 3's
-end-game gamble. Ties break by slot and deck order, so it is deterministic. :func:`random_move` plays a uniformly random legal move.
+end-game gamble. Ties break by slot and deck order, so it is deterministic. :func:`random_move` plays a uniformly
+random legal move.
 
 Move rating: the value of a move is the final score when the rule-based player plays both seats from the state
 after it to the end of the game (the instance fixes the deck, so this is deterministic). A move's rating is its

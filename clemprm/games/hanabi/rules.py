@@ -111,7 +111,8 @@ class DeckConfig:
 
     def full_deck(self) -> list[Card]:
         """Every card of the deck, sorted by colour then rank."""
-        return [Card(c, r) for c in self.colours for r in range(1, self.ranks + 1) for _ in range(self.rank_counts[r - 1])]
+        return [Card(c, r) for c in self.colours for r in range(1, self.ranks + 1)
+                for _ in range(self.rank_counts[r - 1])]
 
     @cached_property
     def deck_counts(self) -> Counter:
@@ -209,7 +210,8 @@ class HanabiState:
 
     @property
     def over(self) -> bool:
-        return self.fuse_tokens == 0 or self.final_turns_left == 0 or sum(self.fireworks.values()) == self.config.max_score
+        return (self.fuse_tokens == 0 or self.final_turns_left == 0
+                or sum(self.fireworks.values()) == self.config.max_score)
 
     def score(self) -> int:
         return 0 if self.fuse_tokens == 0 else sum(self.fireworks.values())
@@ -241,7 +243,8 @@ class HanabiState:
             moves += [Move("discard", i) for i in range(len(hand))]
         if self.hint_tokens > 0:
             partner_cards = [hc.card for hc in self.hands[self.partner]]
-            moves += [Move("hint_colour", c) for c in self.config.colours if any(card.colour == c for card in partner_cards)]
+            moves += [Move("hint_colour", c) for c in self.config.colours
+                      if any(card.colour == c for card in partner_cards)]
             moves += [Move("hint_rank", r) for r in range(1, self.config.ranks + 1)
                       if any(card.rank == r for card in partner_cards)]
         return moves
@@ -295,7 +298,8 @@ class HanabiState:
         for slot, hc in enumerate(partner_hand):
             if move.kind == "hint_colour":
                 hit = hc.card.colour == move.value
-                hc = hc._replace(told_colour=move.value) if hit else hc._replace(not_colours=hc.not_colours | {move.value})
+                hc = (hc._replace(told_colour=move.value) if hit
+                      else hc._replace(not_colours=hc.not_colours | {move.value}))
             else:
                 hit = hc.card.rank == move.value
                 hc = hc._replace(told_rank=move.value) if hit else hc._replace(not_ranks=hc.not_ranks | {move.value})

@@ -2,8 +2,8 @@
 
 Every category of ``resources/lexicon.json`` (12 words each) is shuffled and cut into train (6 words),
 validation (3) and test (3) words; an instance only uses words of its split, so no word is in two splits.
-Within a split every odd word is used once, except in the extra validation instances (below). An instance: three words of one category plus one odd word,
-shuffled. Experiments:
+Within a split every odd word is used once, except in the extra validation instances (below). An instance: three
+words of one category plus one odd word, shuffled. Experiments:
 
 * ``different_domain`` (easy): the odd word's category is in another domain (e.g. fruits + a tool);
 * ``same_domain`` (hard): the odd word's category is a sibling in the same domain (e.g. fruits + a vegetable).
