@@ -14,7 +14,7 @@ table of :mod:`clemprm.evaluation.seeds`: per seed and on the mean over the seed
 when the 95% interval of its paired difference's mean over at least three seeds clears 0; ``--split test`` (the
 untouched split) is the final check.
 Each seed's row names the commit that ran it; ``--add`` joins the rows of tables made elsewhere (another machine, a
-cluster job, an earlier run) to the table.
+cluster job, an earlier run) to the table; a regime run here replaces that regime's figures of a joined seed.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--table-only", action="store_true", help="only tabulate the seeds already run")
     parser.add_argument("--add", nargs="+", default=[], metavar="SEEDS_JSON",
-                        help="seeds.json files of seeds run elsewhere, joined to the table (a seed run here wins)")
+                        help="seeds.json files of seeds run elsewhere, joined to the table (a regime run here wins)")
     args = parser.parse_args()
     rows = {seed: row for path in args.add for seed, row in seeds.rows_of(json.loads(Path(path).read_text())).items()}
     for seed in args.seeds:
@@ -109,7 +109,7 @@ def main() -> None:
                 row.update(seeds.seed_row(json.loads(path.read_text())))
                 row[f"{regime}/commit"] = ran_on.read_text().strip() if ran_on.is_file() else "unknown"
         if row:
-            rows[seed] = row
+            rows[seed] = seeds.join_row(rows.get(seed, {}), row)
     table = seeds.seeds_table(rows)
     out = Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)

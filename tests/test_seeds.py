@@ -77,6 +77,14 @@ def test_a_lookahead_run_is_tabulated_apart_against_its_rule_control(completed_r
     row = seeds.seed_row(lookahead)
     assert "lookahead/ranking/prm/pairwise_accuracy" in row and "lookahead/gate" in row
     assert not any(key.startswith("blind/ranking") or key.startswith("blind/difference/best_of_n") for key in row)
+    # a seed's blind row from another table joined by its lookahead run here: both regimes' figures, each its own
+    blind = {**seeds.seed_row(summary), "blind/commit": "abc1234"}
+    joined = seeds.join_row(blind, {**row, "lookahead/commit": "def5678"})
+    assert joined == {**blind, **row, "lookahead/commit": "def5678"}
+    rerun = seeds.join_row(joined, {"blind/commit": "0123456"})   # a regime run here replaces all it held before
+    assert not any(key.startswith("blind/") for key in rerun if key != "blind/commit")
+    assert {key: value for key, value in rerun.items() if key.startswith("lookahead/")} == {
+        **row, "lookahead/commit": "def5678"}
     legacy = copy.deepcopy(summary)
     del legacy["prm"]["input"]   # a PRM from before prm.input read the reply
     assert seeds.prm_regime(legacy) == "lookahead"

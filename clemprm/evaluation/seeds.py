@@ -132,6 +132,14 @@ def rows_of(table: dict) -> dict[int, dict]:
     return {int(seed): row for seed, row in table["seeds"].items()}
 
 
+def join_row(joined: dict, run_here: dict) -> dict:
+    """A seed's row joined from elsewhere (``joined``) updated by the regimes run here: a regime in ``run_here``
+    replaces all of that regime's figures, the other regime's stay (a lookahead run on one machine beside the blind
+    run of the same seed on another)."""
+    regimes_here = {key.split("/", 1)[0] for key in run_here}
+    return {**{key: value for key, value in joined.items() if key.split("/", 1)[0] not in regimes_here}, **run_here}
+
+
 def claim_differences() -> dict[str, tuple[str, int]]:
     """The benchmark's claims, per regime: claim -> (the paired difference it rests on, the sign it needs)."""
     result = {}
