@@ -203,8 +203,7 @@ def test_acceptance_examples_are_train_answers_labelled_by_the_game_verdict(trai
         text = tokenizer.decode(example.input_ids)
         response = max((r for r in verdicts_of if text.endswith(f"{r}<|im_end|>\n")), key=len)
         assert bool(example.label) in verdicts_of[response]
-    validation_keys = {records.instance_key(e["game"], e["experiment"], e["game_id"]) for e in episodes
-                       if e["split"] != "train"}
+    validation_keys = {instance_key_of(e) for e in episodes if e["split"] != "train"}
     assert not validation_keys & {e.key for e in examples}           # held-out instances never enter it
     assert [e.input_ids for e in prm.acceptance_examples([path], tokenizer, None, 1024, 8, 0)] == [
         e.input_ids for e in examples]                                # drawn by the seed alone
