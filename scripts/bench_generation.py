@@ -26,8 +26,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from clemprm.models.generation import PolicyModel, SamplingParams  # noqa: E402
+from clemprm.models.generation import PolicyModel  # noqa: E402
 from clemprm.models.loader import ModelConfig  # noqa: E402
+from clemprm.models.sampling import SamplingParams  # noqa: E402
 
 TOPICS = ["apple", "river", "chair", "garden", "winter", "window", "rocket", "violin", "castle", "pencil",
           "orange", "forest", "bridge", "candle", "dragon", "island", "jacket", "kettle", "ladder", "mirror",
@@ -121,22 +122,22 @@ def bench_model(policy: PolicyModel, batch_sizes, args) -> None:
                   f"{sum(n for _, n, _ in hf_runs) // args.repeats}/{sum(n for _, n, _ in our_runs) // args.repeats}",
                   flush=True)
     if args.ablation:  # what each optimisation of the decoder is worth (largest batch, fixed workload)
-        import clemprm.models.generation as generation
+        from clemprm.models import decode_attention, decoder
         batch = max(batch_sizes)
-        settings = {"all optimisations": (True, generation.MIN_SHARED_PREFIX),
+        settings = {"all optimisations": (True, decoder.MIN_SHARED_PREFIX),
                     "no shared-prefix prefill": (True, 10**9),
-                    "no fast decode attention": (False, generation.MIN_SHARED_PREFIX),
+                    "no fast decode attention": (False, decoder.MIN_SHARED_PREFIX),
                     "neither": (False, 10**9)}
-        saved = generation.FAST_DECODE_ATTENTION, generation.MIN_SHARED_PREFIX
+        saved = decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX
         rates = {name: [] for name in settings}
         try:
             for rep in range(args.repeats):
                 for name, (fast, min_prefix) in settings.items():
-                    generation.FAST_DECODE_ATTENTION, generation.MIN_SHARED_PREFIX = fast, min_prefix
+                    decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX = fast, min_prefix
                     t, n, _ = timed(ours_generate, policy, prompts_all[:batch], fixed, rep)
                     rates[name].append(n / t)
         finally:
-            generation.FAST_DECODE_ATTENTION, generation.MIN_SHARED_PREFIX = saved
+            decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX = saved
         print(f"ablation, batch {batch} fixed: " + ", ".join(f"{name} {max(r):.1f}" for name, r in rates.items())
               + " tok/s")
     # greedy: exactly the same tokens as HF generate (batched, left padded)

@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_generation import make_prompts  # noqa: E402
 
 from clemprm.config import job_environment, load_config, policy_model  # noqa: E402
-from clemprm.models.generation import PolicyModel, SamplingParams  # noqa: E402
+from clemprm.models.generation import PolicyModel  # noqa: E402
 from clemprm.models.loader import ModelConfig, resolve_model_dir  # noqa: E402
+from clemprm.models.sampling import SamplingParams  # noqa: E402
 from clemprm.models.vllm_backend import VLLMServer, vllm_settings  # noqa: E402
 
 

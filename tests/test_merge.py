@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from clemprm.evaluation import evaluate
 from clemprm.stages import merge
 from clemprm.config import eval_mode_params
-from clemprm.models.loader import ModelConfig, build_tiny_model, load_tokenizer_and_model
+from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+from clemprm.models.tiny import build_tiny_model
 from tests.conftest import tiny_config
 from tests.test_prm import synthetic_rows, write_labels
 

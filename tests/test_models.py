@@ -14,10 +14,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import clemprm.models.generation as generation_module  # noqa: E402
-from clemprm.models.generation import Decoder, PolicyModel, SamplingParams, sample_tokens, strip_thinking  # noqa: E402
-from clemprm.models.loader import (ModelConfig, build_tiny_model, cache_root,  # noqa: E402
-                                   load_tokenizer_and_model, parse_spec, resolve_model_dir)
+from clemprm.models.decoder import Decoder  # noqa: E402
+from clemprm.models.generation import PolicyModel, strip_thinking  # noqa: E402
+from clemprm.models.kv_cache import PrefixStore, RowState  # noqa: E402
+from clemprm.models.loader import (ModelConfig, cache_root, load_tokenizer_and_model, parse_spec,  # noqa: E402
+                                   resolve_model_dir)
+from clemprm.models.sampling import SamplingParams, sample_tokens  # noqa: E402
+from clemprm.models.tiny import build_tiny_model  # noqa: E402
 from clemprm.play.engine import Generation  # noqa: E402
 
 MESSAGES = [
@@ -394,8 +397,8 @@ def test_shared_prefix_prefill_is_exact(tiny_llama_dir, test_cache_dir):
     assert llama.name == Path(tiny_llama_dir).name
     system = {"role": "system", "content": "You play a guessing game. Answer with GUESS: and a number from 1 to 10."}
     perspectives = [[system] + m for m in MESSAGES if m[0]["role"] != "system"]
-    import clemprm.models.generation as generation
-    fast_calls = generation.FAST_ATTENTION_CALLS
+    from clemprm.models import decode_attention
+    fast_calls = decode_attention.FAST_ATTENTION_CALLS
     shapes = []
     forward = llama.decoder._forward
     llama.decoder._forward = lambda ids, *a, **k: shapes.append(tuple(ids.shape)) or forward(ids, *a, **k)
@@ -405,7 +408,7 @@ def test_shared_prefix_prefill_is_exact(tiny_llama_dir, test_cache_dir):
         llama.decoder._forward = forward
     assert shapes[0][0] == 1 and shapes[0][1] >= 20 and shapes[1][0] == len(perspectives)  # prefix once
     one_token_calls = sum(1 for shape in shapes if shape[1] == 1)  # decode steps (and a 1-token generation prompt)
-    assert generation.FAST_ATTENTION_CALLS - fast_calls == 2 * one_token_calls  # every one, both layers
+    assert decode_attention.FAST_ATTENTION_CALLS - fast_calls == 2 * one_token_calls  # every one, both layers
     assert llama.model.config._attn_implementation == "sdpa"  # restored after generating
     assert ours == hf_greedy(llama, perspectives, 16)
     kwargs = dict(temperature=1.0, top_p=0.9, max_new_tokens=12)
@@ -481,8 +484,8 @@ def test_prefix_store_continues_conversations_exactly(which, tiny_cfg, tiny_llam
 
 
 def test_prefix_store_keeps_the_longest_prefix_within_budget():
-    state = lambda n: generation_module.RowState(n, [(torch.zeros(n), torch.zeros(n))])  # noqa: E731  8n bytes
-    store = generation_module.PrefixStore(max_bytes=8 * 25)
+    state = lambda n: RowState(n, [(torch.zeros(n), torch.zeros(n))])  # noqa: E731  8n bytes
+    store = PrefixStore(max_bytes=8 * 25)
     store.put([1, 2, 3], state(3))
     store.put([1, 2, 3, 4, 5], state(5))
     assert store.longest([1, 2, 3, 4, 5, 6], limit=6).length == 5
@@ -556,7 +559,7 @@ def test_embedded_smollm2_converts_once_and_answers(smollm2, caplog):
     marker = folder / ".clemprm-complete.json"
     assert json.loads(marker.read_text())["source"].endswith(".gguf")
     before = marker.stat()
-    with caplog.at_level("INFO", logger="clemprm.models.loader"):
+    with caplog.at_level("INFO", logger="clemprm.models.embedded"):
         assert Path(resolve_model_dir(cfg)) == folder   # a second load reuses the conversion
         policy = PolicyModel(cfg, max_new_tokens=12)
     assert "converting embedded model" not in caplog.text

@@ -19,7 +19,7 @@ for many rows of small heads), which cuts the elementwise work per token. It mat
 sequences keep transformers' path (flash-linear-attention when installed).
 
 :func:`continuing_with_leading_pads` lets one forward pass continue cached rows with new tokens of different
-lengths (the decoder's prefix store, :mod:`clemprm.models.generation`): it makes the padding between a row's cached
+lengths (the decoder's prefix store, :mod:`clemprm.models.decoder`): it makes the padding between a row's cached
 state and its new tokens a no-op for the kernel and the causal convolution before it.
 """
 

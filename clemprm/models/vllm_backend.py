@@ -214,7 +214,7 @@ class VLLMServer:
 
 
 class VLLMDecoder:
-    """The decoder interface of :class:`clemprm.models.generation.Decoder` (``generate(prompts, params, seeds)`` ->
+    """The decoder interface of :class:`clemprm.models.decoder.Decoder` (``generate(prompts, params, seeds)`` ->
     ``(new token ids, finish reason, their log-probs)`` per prompt; ``(None, error message, None)`` for a prompt the
     server refused) on a vLLM server. ``model_name``: the served base or adapter
     name; ``eos_token_ids``: the policy's end tokens (the answer ends at the first, which it includes)."""
