@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +62,18 @@ def renamed_key_problem(config: dict) -> str | None:
 
 
 def trained_adapters(config: dict) -> list[str]:
-    """The adapters a run trains, by the name ``merge.adapters`` and ``results/merged/<name>`` use: sft, prm and
-    rl_<algorithm> for each of ``rl.algorithms``."""
-    return ["sft", "prm", *(f"rl_{algorithm}" for algorithm in config["rl"]["algorithms"])]
+    """The adapters a run trains, by the name ``merge.adapters`` and ``results/merged/<name>`` use: sft, prm (a LoRA
+    PRM: a probe PRM, ``prm.kind: probe``, is a head over the policy's states, not an adapter) and rl_<algorithm>
+    for each of ``rl.algorithms``."""
+    prm = ["prm"] if config["prm"].get("kind", "lora") == "lora" else []   # a probe PRM is no LoRA to merge
+    return ["sft", *prm, *(f"rl_{algorithm}" for algorithm in config["rl"]["algorithms"])]
 
 
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
-    mode whose PRM reads another input than ``prm.input``, or a merge of an adapter the run does not train; None if
-    none."""
+    mode whose PRM reads another input than ``prm.input``, a merge of an adapter the run does not train, RL
+    settings that do not go together (:func:`rl_problem`) or PRM settings that train or judge nothing
+    (:func:`prm_problem`); None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
@@ -78,6 +82,9 @@ def cross_key_problem(config: dict) -> str | None:
         return problem
     algorithms = config["rl"]["algorithms"]
     mergeable = trained_adapters(config)
+    if "prm" in config["merge"]["adapters"] and "prm" not in mergeable:
+        return ("config key 'merge.adapters': prm is a probe here (prm.kind: probe), a head over the policy's "
+                "hidden states and no LoRA adapter: nothing to merge; drop prm from merge.adapters")
     if unknown := [name for name in config["merge"]["adapters"] if name not in mergeable]:
         return (f"config key 'merge.adapters': {', '.join(unknown)} is no adapter this run trains (it trains "
                 f"{', '.join(mergeable)}; rl_<algorithm> needs the algorithm in rl.algorithms)")
@@ -87,6 +94,57 @@ def cross_key_problem(config: dict) -> str | None:
             return (f"config key 'eval.modes': {mode} plays the {needed} policy, but 'rl.algorithms' "
                     f"({', '.join(algorithms) or 'none'}) does not train it: add {needed} to rl.algorithms or drop "
                     "the mode")
+    return rl_problem(config) or prm_problem(config)
+
+
+def prm_problem(config: dict) -> str | None:
+    """PRM settings that train or judge nothing: acceptance pre-training of one optimizer step at learning rate 0
+    (its one epoch of at most ``acceptance_examples`` answers makes one step when they fit in one effective batch,
+    and a warmup starts that step at 0), or a gate that stops the run (``prm.gate.on_failure: stop``, or ``inherit``
+    under ``on_failure: stop``) with no held-out set to judge the PRM on (it would stop on no evidence, or never)."""
+    prm = config["prm"]
+    batch = prm["batch_size"] * prm["grad_accum"]
+    if 0 < prm["acceptance_examples"] <= batch and prm["warmup_ratio"] > 0:
+        return (f"config key 'prm.acceptance_examples': {prm['acceptance_examples']} answers fit in one effective "
+                f"batch (prm.batch_size {prm['batch_size']} x prm.grad_accum {prm['grad_accum']} = {batch}): the "
+                f"acceptance pre-training would make one optimizer step, at learning rate 0 (prm.warmup_ratio "
+                f"{prm['warmup_ratio']} starts it at 0), and train nothing: give more than {batch}, or 0 to turn it "
+                f"off")
+    action = config["on_failure"] if prm["gate"]["on_failure"] == "inherit" else prm["gate"]["on_failure"]
+    if action == "stop" and not config["branch_points"]["validation_instances"] and not prm["validation_fraction"]:
+        return ("config key 'prm.gate.on_failure': the gate stops the run when the PRM fails it, but there is no "
+                "held-out set to judge the PRM on (branch_points.validation_instances and prm.validation_fraction "
+                "are 0): set branch_points.validation_instances (validation instances per game), or "
+                "prm.gate.on_failure: continue")
+    return None
+
+
+TURN_REWARD_SOURCES = ("turn_scores",)
+"""``rl.reward.source`` values that reward each turn on its own (:data:`clemprm.rl.rewards.TURN_SOURCES`)."""
+STATES_GAME = "hanabi"
+"""The game whose rule-based self-play is the prompt set of ``rl.data: states`` (:mod:`clemprm.stages.rl_states`)."""
+
+
+def rl_problem(config: dict) -> str | None:
+    """Settings of the RL stage that it refuses only after SFT (and the states' self-play) have run: PRIME with a
+    per-turn reward (its implicit PRM learns from an episode's success), ``rl.data: states`` with an episode reward
+    (it trains single turns) or without hanabi (the states are its self-play); None when no algorithm is trained."""
+    rl = config["rl"]
+    if not rl["algorithms"]:
+        return None
+    source = rl["reward"]["source"]
+    if "prime" in rl["algorithms"] and source in TURN_REWARD_SOURCES:
+        return (f"config key 'rl.reward.source': {source} rewards single turns, which grpo trains on; prime's implicit "
+                f"PRM learns from an episode's success: use success_played or bench_score, or drop prime from "
+                f"rl.algorithms")
+    if rl["data"] == "states" and source not in TURN_REWARD_SOURCES:
+        return (f"config key 'rl.data': states trains single turns, which needs a per-turn rl.reward.source "
+                f"({', '.join(TURN_REWARD_SOURCES)}), not {source}: set rl.reward.source: turn_scores, or rl.data: "
+                f"episodes")
+    if rl["data"] == "states" and STATES_GAME not in config["games"]["builtin"]:
+        return (f"config key 'rl.data': states trains on {STATES_GAME}'s rule-based self-play, but games.builtin "
+                f"({', '.join(config['games']['builtin']) or 'none'}) does not play {STATES_GAME}: add it (as "
+                f"configs/hanabi.yaml does), or set rl.data: episodes")
     return None
 
 
@@ -110,14 +168,44 @@ ConfigValidator = jsonschema.validators.extend(
 integer; the stages then fail with a bare ``TypeError`` in ``range``) and a number key NaN and infinity."""
 
 
+NUMBER_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+"""A number written as YAML 1.2 reads it but YAML 1.1 does not: PyYAML, and so Snakemake, reads ``1e-4`` (no dot)
+as the text ``'1e-4'``."""
+
+
+def number_text_paths(errors) -> list[list]:
+    """The paths of the values that the schema wants as a number (:data:`NUMBER_TEXT`) and that are such text, among
+    ``errors`` and the errors of their alternatives (``oneOf``)."""
+    paths = []
+    for error in errors:
+        wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        if (error.validator == "type" and "number" in wanted and isinstance(error.instance, str)
+                and NUMBER_TEXT.fullmatch(error.instance.strip())):
+            paths.append(list(error.absolute_path))
+        paths += number_text_paths(error.context or ())
+    return paths
+
+
+def convert_number_text(config: dict, validator) -> None:
+    """Turn each number key's value that YAML 1.1 read as text (``lr: 1e-4``, :data:`NUMBER_TEXT`) into the float it
+    spells, in place: the Snakefile's ``config`` is then what the rules and the jobs read."""
+    for path in number_text_paths(validator.iter_errors(config)):
+        *parents, key = path
+        section = config
+        for part in parents:
+            section = section[part]
+        section[key] = float(section[key])
+
+
 def validate_config(config: dict, command_line: dict | None = None) -> dict:
-    """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config unchanged.
-    ``command_line``: the values of ``snakemake --config`` (a nested one there arrives as text:
-    :func:`command_line_hint`)."""
+    """Raise :class:`ConfigError` naming the first bad key (dotted path); return the config, whose number keys written
+    as YAML 1.1 reads them as text (``1e-4``) are now numbers (:func:`convert_number_text`). ``command_line``: the
+    values of ``snakemake --config`` (a nested one there arrives as text: :func:`command_line_hint`)."""
     renamed = renamed_key_problem(config)
     if renamed:
         raise ConfigError(renamed)
     validator = ConfigValidator(_schema())
+    convert_number_text(config, validator)
     errors = sorted(validator.iter_errors(config),
                     key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
@@ -239,7 +327,9 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 def read_config_file(path: str | Path) -> dict:
     """One config file as a dict; :class:`ConfigError` naming the file (and where YAML stopped) when it is missing,
-    not valid YAML, holds a key twice in one mapping, or is not a mapping at its top level."""
+    not valid YAML, holds a key twice in one mapping, is not a mapping at its top level, or sets a top-level key that
+    is no config key (Snakemake merged it without a word: a target after ``--configfile``, such as
+    ``results/prm/metrics.json``, is read as a config file)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -258,6 +348,12 @@ def read_config_file(path: str | Path) -> dict:
                           f"a file; set a key in it, or leave it out")
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path}: its top level is a {type(loaded).__name__}, not a mapping of keys")
+    known = _schema()["properties"]
+    if unknown := [str(key) for key in loaded if key not in known]:
+        verb = "is no config key" if len(unknown) == 1 else "are no config keys"
+        raise ConfigError(f"config file {path}: {', '.join(unknown)} {verb} (allowed: {', '.join(sorted(known))}). "
+                          f"If {path} is a target, not a config file: snakemake's --configfile takes every word "
+                          f"after it as a config file; put targets before --configfile, or end its files with --")
     return loaded
 
 
@@ -289,7 +385,8 @@ def sorted_dict(value: Any) -> Any:
 
 
 def sections(config: dict, *names: str) -> dict:
-    """The named config sections as one key-sorted dict: a rule's ``params`` (its rerun trigger)."""
+    """The named config sections as one key-sorted dict: the settings a rule's job reads (its params, the rerun
+    trigger, are these less :func:`clemprm.workflow.unread_keys`)."""
     return sorted_dict({name: config[name] for name in names})
 
 
@@ -318,17 +415,18 @@ def policy_sections(config: dict, *names: str) -> dict:
 
 
 def base_rollouts_params(config: dict) -> dict:
-    """The ``base_rollouts`` rule's params (its rerun trigger): seed, model, games and the section without
-    ``clembench_tree``, which adds an output (missing outputs rerun the job) but changes no record: switching it off
-    reruns nothing."""
+    """The ``base_rollouts`` job's settings (its params less :func:`clemprm.workflow.unread_keys`): seed, model,
+    games and the section without ``clembench_tree``, which adds an output (missing outputs rerun the job) but
+    changes no record: switching it off reruns nothing."""
     params = policy_sections(config, "seed", "model", "games", "base_rollouts")
     params["base_rollouts"] = {key: value for key, value in params["base_rollouts"].items() if key != "clembench_tree"}
     return params
 
 
 def eval_mode_params(config: dict, mode: str) -> dict:
-    """An evaluation mode's ``params`` (its rerun trigger): seed, model, games, the eval keys it plays by and the
-    sections it reads (:data:`clemprm.modes.MODES`; ``rl``: its algorithm's, as :func:`rl_params` gives it)."""
+    """An evaluation mode's settings (its params less :func:`clemprm.workflow.unread_keys`): seed, model, games,
+    the eval keys it plays by and the sections it reads (:data:`clemprm.modes.MODES`; ``rl``: its algorithm's, as
+    :func:`rl_params` gives it)."""
     spec = MODES[mode]
     params = policy_sections(config, "seed", "model", "games", *(name for name in spec.sections if name != "rl"))
     params["eval"] = {key: config["eval"][key] for key in spec.keys}
@@ -338,7 +436,8 @@ def eval_mode_params(config: dict, mode: str) -> dict:
 
 
 def rl_params(config: dict, algorithm: str) -> dict:
-    """The ``rl_adapter`` job of one algorithm of ``rl.algorithms``: its ``params`` (rerun trigger) and the settings
+    """The ``rl_adapter`` job of one algorithm of ``rl.algorithms``: its settings (its params less
+    :func:`clemprm.workflow.unread_keys`), what
     :func:`clemprm.rl.trainer.train_rl` reads. seed, model, games and the rl section with ``algorithm`` in place of
     the list, and the ``prime`` keys only for PRIME: adding an algorithm to the list, or a PRIME setting, reruns no
     other algorithm's stage."""

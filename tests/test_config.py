@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ def test_merge_adapters_name_adapters_the_run_trains():
     with pytest.raises(ConfigError, match=r"'merge.adapters': rl_grpo is no adapter this run trains"):
         load_config(overrides={"merge": {"adapters": ["sft", "rl_grpo"]}})
     load_config(overrides={"merge": {"adapters": ["rl_grpo"]}, "rl": {"algorithms": ["grpo"]}})
+    with pytest.raises(ConfigError, match=r"'merge.adapters': prm is a probe here \(prm.kind: probe\)"):
+        load_config(overrides={"merge": {"adapters": ["prm"]}, "prm": {"kind": "probe"}})
 
 
 @pytest.mark.parametrize("override, key", [
@@ -166,3 +169,65 @@ def test_documented_snakemake_commands_name_no_target_after_configfile():
         files = words[words.index("--configfile") + 1:]
         files = files[:next((i for i, word in enumerate(files) if word.startswith("-")), len(files))]
         assert files and all(word.endswith((".yaml", ".yml", ".json")) for word in files), (name, command)
+
+
+# ------------------------------------------------------- issue 57: config rows that failed late, now named at parse
+
+
+def test_a_number_written_without_a_dot_is_taken_as_the_number_it_spells(tmp_path):
+    """YAML 1.1 (PyYAML, Snakemake) reads `1e-4` as text: `sft.lr: '1e-4' is not of type 'number'`. Every number key
+    takes such text as its number (inside oneOf too); text that spells no number is still refused."""
+    (tmp_path / "user.yaml").write_text("sft:\n  lr: 1e-4\nrl:\n  prime:\n    accuracy_filter: [1e-1, 9E-1]\n")
+    config = load_config(tmp_path / "user.yaml")
+    assert config["sft"]["lr"] == 1e-4 and config["rl"]["prime"]["accuracy_filter"] == [0.1, 0.9]
+    with pytest.raises(ConfigError, match=re.escape("config key 'sft.lr': 'fast' is not of type 'number'")):
+        load_config(overrides={"sft": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match=re.escape("config key 'labels.k': '8' is not of type 'integer'")):
+        load_config(overrides={"labels": {"k": "8"}})   # integer keys: a whole number has no exponent to hide
+
+
+def test_a_config_file_setting_no_config_key_is_named_as_perhaps_a_target(tmp_path):
+    (tmp_path / "metrics.json").write_text('{"baselines": {}, "seed": 3}')
+    with pytest.raises(ConfigError, match=re.escape(
+            f"config file {tmp_path / 'metrics.json'}: baselines is no config key (allowed: base_rollouts,")):
+        load_config(tmp_path / "metrics.json")
+
+
+@pytest.mark.parametrize("rl, message", [
+    ({"algorithms": ["prime"], "reward": {"source": "turn_scores"}},
+     "config key 'rl.reward.source': turn_scores rewards single turns, which grpo trains on; prime's implicit PRM "
+     "learns from an episode's success"),
+    ({"algorithms": ["grpo"], "data": "states"},
+     "config key 'rl.data': states trains single turns, which needs a per-turn rl.reward.source (turn_scores), not "
+     "success_played"),
+    ({"algorithms": ["grpo"], "data": "states", "reward": {"source": "turn_scores"}},
+     "config key 'rl.data': states trains on hanabi's rule-based self-play, but games.builtin (guessnumber, wordref"),
+], ids=["prime_turn_scores", "states_episode_reward", "states_without_hanabi"])
+def test_rl_settings_the_rl_job_refuses_are_refused_at_parse_time(rl, message):
+    """Each passed parse time and failed inside rl_adapter, after SFT (and the states' self-play)."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(overrides={"rl": rl})
+    load_config(overrides={"rl": {**rl, "algorithms": []}})   # no RL trained: the settings are not used
+
+
+def test_acceptance_pretraining_of_one_step_at_learning_rate_zero_is_refused():
+    """prm.acceptance_examples: 4 made one optimizer step at learning rate 0; only metrics.json said "untrained"."""
+    with pytest.raises(ConfigError, match=re.escape(
+            "config key 'prm.acceptance_examples': 8 answers fit in one effective batch (prm.batch_size 4 x "
+            "prm.grad_accum 2 = 8): the acceptance pre-training would make one optimizer step, at learning rate 0")):
+        load_config(overrides={"prm": {"acceptance_examples": 8}})
+    load_config(overrides={"prm": {"acceptance_examples": 9}})
+    load_config(overrides={"prm": {"acceptance_examples": 4, "warmup_ratio": 0.0}})
+
+
+def test_a_gate_that_stops_the_run_needs_a_held_out_set():
+    """With no held-out set the gate was "not measured" (an INFO line) and a `stop` gate let the run go on."""
+    none = {"branch_points": {"validation_instances": 0}, "prm": {"validation_fraction": 0.0}}
+    for gate, on_failure in (("stop", "continue"), ("inherit", "stop")):
+        with pytest.raises(ConfigError, match=re.escape(
+                "config key 'prm.gate.on_failure': the gate stops the run when the PRM fails it, but there is no "
+                "held-out set")):
+            load_config(overrides={**none, "on_failure": on_failure,
+                                   "prm": {**none["prm"], "gate": {"on_failure": gate}}})
+    load_config(overrides={**none, "prm": {**none["prm"], "gate": {"on_failure": "continue"}}})
+    load_config(overrides={"prm": {"gate": {"on_failure": "stop"}}})

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clemprm.checks.parse_time import ConfigInputError, check_config_inputs, install_hint
+from clemprm.checks.game_code import install_hint
+from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
 from clemprm.cli import main
 from clemprm.config import (ConfigError, _schema, hub_offline_reason, job_environment, load_config, validate_config)
 
@@ -239,12 +240,32 @@ def test_check_config_names_the_config_file_that_is_not_valid_yaml(tmp_path, cap
         load_config(["good.yaml", "bad.yaml"])
 
 
+def python_with_vllm(folder: Path) -> str:
+    """A Python in which a module ``vllm`` is found: this one, started with a folder holding a ``vllm`` package on
+    its path (what the parse-time check asks it: where vllm is, not to import it)."""
+    (folder / "site" / "vllm").mkdir(parents=True)
+    (folder / "site" / "vllm" / "__init__.py").write_text("")
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={folder / "site"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_the_vllm_python_must_have_vllm(tmp_path):
+    """A Python without vLLM passed parse time and failed in base_rollouts with `No module named 'vllm'`, key not
+    named."""
+    assert (f"generation.vllm.python: {sys.executable} does not find the module vllm (not installed in it): give the "
+            f"Python of a virtualenv with vLLM") in problems_of(generation={"backend": "vllm",
+                                                                           "vllm": {"python": sys.executable}})
+
+
 def test_the_vllm_backend_needs_a_server_or_a_python_to_start_one(tmp_path):
     assert "set generation.vllm.url (a running vLLM server) or generation.vllm.python" in problems_of(
         generation={"backend": "vllm"})
     assert f"generation.vllm.python: {tmp_path}/none is not an executable file" in problems_of(
         generation={"backend": "vllm", "vllm": {"python": str(tmp_path / "none")}})
-    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"python": sys.executable}}}))
+    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"python": python_with_vllm(
+        tmp_path)}}}))
     check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {"url": "http://h:8000"}},
                                                "eval": {"modes": ["greedy_sft", "best_of_n"]}}))
     check_config_inputs(load_config(overrides={"generation": {"backend": "engine"}}))
@@ -316,7 +337,7 @@ WRITABLE_PROBE = """
 import os
 import sys
 from pathlib import Path
-from clemprm.checks.parse_time import writable_folder_problem
+from clemprm.checks.model_inputs import writable_folder_problem
 if os.geteuid() == 0:   # root writes into any folder: check as nobody, as a user's account sees it
     os.setgid(65534)
     os.setuid(65534)
@@ -496,3 +517,171 @@ def test_a_clemgame_json_that_is_not_utf8_is_named(tmp_path):
     (checkout / "pair" / "clemgame.json").write_bytes('[{"game_name": "pair", "note": "caf\xe9"}]'.encode("latin-1"))
     message = problems_of(games={"clembench_path": str(checkout), "clembench_games": ["pair"]})
     assert f"{checkout}/pair/clemgame.json: not valid JSON ('utf-8' codec can't decode" in message
+
+
+# ------------------------------------------------------- issue 57: inputs that failed late, now named before any job
+
+
+def test_lora_target_modules_that_name_no_module_of_the_model_are_refused(test_cache_dir):
+    """PEFT failed inside the job on a list that matched nothing (key not named) and trained q_proj alone on
+    [q_proj, vproj] without a word. The module names come from the model's config on the meta device and are kept in
+    the model cache: a second check reads them from there."""
+    model = {"spec": "tiny:0"}
+    message = problems_of(cache_dir=test_cache_dir, model=model, sft={"lora": {"target_modules": ["nonexistent_proj"]}},
+                          prm={"lora": {"target_modules": ["q_proj", "vproj"]}})
+    assert ("sft.lora.target_modules: nonexistent_proj names no module of tiny:0 (PEFT would fail in the job; its "
+            "layers LoRA can adapt: down_proj, embed_tokens, gate_proj,") in message
+    assert "prm.lora.target_modules: vproj names no module of tiny:0 (PEFT would train the others alone;" in message
+    assert len(list((Path(test_cache_dir) / "module-names").glob("*.json"))) == 2   # causal LM and score head
+    check_config_inputs(load_config(overrides={
+        "cache_dir": test_cache_dir, "model": model, "sft": {"lora": {"target_modules": ["q_proj", "mlp.up_proj"]}},
+        "rl": {"algorithms": ["grpo"], "lora": {"r": 2, "alpha": 4, "dropout": 0.0, "target_modules": ["lm_head"]}}}))
+    # lm_head is the policy's, not the PRM's (a score head): named for prm.lora
+    assert "prm.lora.target_modules: lm_head names no module of tiny:0" in problems_of(
+        cache_dir=test_cache_dir, model=model, prm={"lora": {"target_modules": ["lm_head"]}})
+
+
+def test_a_prm_adapter_is_refused_as_the_policy_adapter(tmp_path):
+    """A sequence-classification (PRM) adapter as model.adapter was accepted: the policy played with it, and only
+    PEFT's "missing adapter keys" warning in a log said anything."""
+    model_folder(tmp_path / "prm", "adapter_model.safetensors")
+    (tmp_path / "prm" / "adapter_config.json").write_text(json.dumps({"task_type": "SEQ_CLS", "r": 8}))
+    assert ("model.adapter: adapter folder prm holds a SEQ_CLS adapter (task_type in its adapter_config.json), not a "
+            "policy's (CAUSAL_LM): a PRM's adapter (results/prm/adapter) scores steps, it cannot play"
+            in problems_of(model={"adapter": "prm"}))
+    model_folder(tmp_path / "sft", "adapter_model.safetensors")
+    (tmp_path / "sft" / "adapter_config.json").write_text(json.dumps({"task_type": "CAUSAL_LM", "r": 8}))
+    check_config_inputs(load_config(overrides={"model": {"adapter": "sft"}}))
+
+
+def checkout_with_instances(root: Path, text: bytes) -> dict:
+    """The ``games`` overrides of a checkout whose one game ``pair`` has ``text`` as its in/instances.json."""
+    checkout = fake_checkout(root, {"pair": [{"game_name": "pair"}]})
+    (checkout / "pair" / "in" / "instances.json").write_bytes(text)
+    return {"clembench_path": str(checkout), "clembench_games": ["pair"]}
+
+
+def test_a_game_id_that_repeats_within_an_experiment_is_refused_naming_game_experiment_and_id(tmp_path):
+    """Repeated ids passed every stage with duplicate episode and branch-point ids; gather_soft_labels then failed
+    with a false "is in two shards"."""
+    instances = {"experiments": [{"name": "e1", "game_instances": [{"game_id": 0}, {"game_id": 1}]},
+                                 {"name": "e2", "game_instances": [{"game_id": 1}, {"game_id": 1}]}]}
+    games = checkout_with_instances(tmp_path / "cb", json.dumps(instances).encode())
+    assert ("game 'pair', experiment 'e2': game_id 1 is used by two instances (an instance is known by game, "
+            "experiment and game_id: give each instance of an experiment its own game_id)"
+            in problems_of(games=games))
+
+
+def test_an_instances_file_with_a_byte_order_mark_is_read(tmp_path):
+    """check-config said ok, then base_rollouts failed with `JSONDecodeError: Unexpected UTF-8 BOM`, file not named."""
+    from clemprm.play.catalog import instance_rows
+
+    instances = {"experiments": [{"name": "e1", "game_instances": [{"game_id": 0}, {"game_id": 1}]}]}
+    games = checkout_with_instances(tmp_path / "cb", b"\xef\xbb\xbf" + json.dumps(instances).encode())
+    check_config_inputs(load_config(overrides={"games": {**games, "experiments": {"pair": ["e1"]}}}))
+    path = tmp_path / "cb" / "pair" / "in" / "instances.json"
+    assert [instance["game_id"] for _, instance in instance_rows(path, "pair")] == [0, 1]
+    path.write_bytes(b"\xef\xbb\xbf{")
+    assert f"instances file {path}: cannot read its instances (JSONDecodeError" in problems_of(games=games)
+
+
+def test_a_soft_label_row_without_a_user_message_is_named_with_its_file_and_row(tmp_path):
+    """prm_adapter failed with jinja2's `TemplateError: No user query found in messages`, naming no file or row."""
+    from clemprm import records
+
+    row = {name: None for name in records.SOFT_LABELS.names}
+    good = {**row, "bp_id": "g/e/0/0/0", "prefix": [{"role": "user", "content": "Guess."}]}
+    path = tmp_path / "soft_labels.parquet"
+    records.write_records(path, [good, {**row, "bp_id": "g/e/0/0/1", "prefix": []}], records.SOFT_LABELS, {})
+    with pytest.raises(records.RecordFileError, match=re.escape(
+            f"record file {path}: row bp_id 'g/e/0/0/1' has a prefix with no user message (prefix: [])")):
+        records.read_records(path, records.SOFT_LABELS)
+    records.write_records(path, [good], records.SOFT_LABELS, {})
+    assert len(records.read_records(path, records.SOFT_LABELS)) == 1
+
+
+def test_per_turn_rewards_need_games_that_log_turn_scores():
+    """grpo rewarded by turn_scores on games that log none failed inside rl_adapter, after SFT and the rollouts."""
+    rl = {"algorithms": ["grpo"], "reward": {"source": "turn_scores"}}
+    assert ("rl.reward.source: turn_scores rewards each turn by the scores the game logs at it, and guessnumber, "
+            "wordref, oddoneout log none" in problems_of(rl=rl, games={"builtin": ["guessnumber", "wordref",
+                                                                                   "oddoneout", "hanabi"]}))
+    check_config_inputs(load_config(overrides={"rl": rl, "games": {"builtin": ["hanabi"]}}))
+
+
+def test_a_processes_resource_that_is_no_whole_number_of_at_least_one_is_refused(tmp_path):
+    """`processes=two` failed in the job with a bare int() traceback and an empty log; `processes=0` ran one process
+    without a word."""
+    from snakemake.resources import Resource
+
+    from clemprm.checks.parse_time import processes_problems
+
+    given = {"--set-resources prm_adapter": {"processes": Resource.from_cli_expression("processes", "two")},
+             "--set-resources sft_adapter": {"processes": Resource("processes", 0)},
+             "--set-resources eval_mode": {"processes": Resource("processes", 2), "mem_mb": Resource("mem_mb", 9)},
+             "--default-resources": None}
+    assert processes_problems(given) == [
+        f"--set-resources {rule}: processes={value} is not a whole number of at least 1 (the processes a job runs in, "
+        f"one per GPU: e.g. processes=2; docs/slurm.md, several GPUs per job)"
+        for rule, value in (("prm_adapter", "two"), ("sft_adapter", 0))]
+    (tmp_path / "user.yaml").write_text("seed: 1\n")
+    done = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n",
+                           "--cores", "1", "--directory", str(tmp_path), "--set-resources", "prm_adapter:processes=two",
+                           "--configfile", str(tmp_path / "user.yaml")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode != 0
+    assert "--set-resources prm_adapter: processes=two is not a whole number of at least 1" in done.stdout + done.stderr
+    assert "Job stats" not in done.stdout + done.stderr
+
+
+def test_a_held_out_set_capped_by_max_instances_or_missing_is_a_warning_naming_the_keys():
+    """branch_points.validation_instances above games.max_instances.validation was capped silently; no held-out set
+    at all was an INFO line of the PRM stage ("not measured")."""
+    warnings = check_config_inputs(load_config(overrides={"branch_points": {"validation_instances": 6},
+                                                          "games": {"max_instances": {"validation": 4}}}))
+    assert warnings == ["branch_points.validation_instances 6 is above games.max_instances.validation 4: the PRM's "
+                        "held-out set gets 4 instances per game, not 6 (raise games.max_instances.validation, or lower "
+                        "branch_points.validation_instances)"]
+    assert check_config_inputs(load_config(overrides={"branch_points": {"validation_instances": 0},
+                                                      "prm": {"validation_fraction": 0.0}})) == [
+        "branch_points.validation_instances and prm.validation_fraction are 0: the PRM has no held-out set, so its "
+        "ranking metrics and its gate judge nothing (set branch_points.validation_instances, e.g. 4)"]
+
+
+def test_a_held_out_set_smaller_than_asked_is_a_warning_in_the_job(caplog):
+    """The job's side of the cap above (and a game whose validation split holds fewer): branch_points says so at
+    WARNING, naming the key and each short game with its count."""
+    import logging
+
+    from clemprm.play.catalog import GameCatalog
+    from clemprm.stages.labels import held_out_instances
+
+    games = {**DEFAULT["games"], "builtin": ["guessnumber", "wordref"], "max_instances": {"train": 1, "validation": 2,
+                                                                                          "test": 1}}
+    with caplog.at_level(logging.INFO, logger="clemprm"):
+        assert len(held_out_instances(GameCatalog(games, 0), 2)) == 4
+        assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+        assert len(held_out_instances(GameCatalog(games, 0), 3)) == 4
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [(
+        "WARNING", "branch_points.validation_instances 3: the held-out set gets fewer instances of guessnumber (2), "
+                   "wordref (2) (games.max_instances.validation 2, or the game's validation split holds no more): the "
+                   "PRM is judged on fewer than asked")]
+
+
+def test_a_target_after_configfile_and_a_number_yaml_reads_as_text_in_a_snakemake_run(tmp_path):
+    """`snakemake --configfile tiny.yaml results/prm/metrics.json` read the metrics file as a config (`unknown key
+    'baselines'`, file not named); `sft: {lr: 1e-4}` (text to YAML 1.1) was refused as "not of type 'number'"."""
+    (tmp_path / "user.yaml").write_text("sft:\n  lr: 1e-4\nprm:\n  lr: 5E-5\n")
+    metrics = tmp_path / "results" / "prm" / "metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"baselines": {}, "gate": {}}))
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n", "--cores", "1",
+               "--directory", str(tmp_path), "--configfile", str(tmp_path / "user.yaml")]
+    run = dict(capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(command + ["results/prm/metrics.json"], **run)
+    assert done.returncode != 0
+    assert (f"config file {metrics}: baselines, gate are no config keys (allowed: base_rollouts,"
+            in done.stdout + done.stderr)
+    assert "put targets before --configfile, or end its files with --" in done.stdout + done.stderr
+    done = subprocess.run(command, **run)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
