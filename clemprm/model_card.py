@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from clemprm import distributed
 
 CARD_NAME = "README.md"
-# the embedded models' Hub originals and licences (clemprm.models.loader.EMBEDDED_MODELS converts them from GGUF)
+# the embedded models' Hub originals and licences (clemprm.models.embedded.EMBEDDED_MODELS converts them from GGUF)
 EMBEDDED_ORIGINALS = {"embedded:smollm2-135m-instruct": ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")}
 
 # kind -> (title, method sentence, pipeline tag, tags, config section)
@@ -32,6 +32,12 @@ KINDS = {
             "classification) trained on soft labels of branch points (the success rate of continuations after each "
             "candidate turn): it scores a candidate turn of a clembench game by its chance of leading to a win.",
             "text-classification", ["prm", "reward-model"], "prm"),
+    "prm_probe": ("Process reward model (PRM) probe", "Linear heads (no LoRA) on the frozen policy's own hidden "
+                  "states (model spec + SFT adapter, named in probe_config.json): chosen layers at the candidate's "
+                  "last token and pooled over its last tokens, standardised, fitted on soft labels of branch points "
+                  "(and, with a validity head, on the game's verdicts on played answers); it scores a candidate "
+                  "turn of a clembench game by its chance of leading to a win.", "text-classification",
+                  ["prm", "reward-model", "probe"], "prm"),
     "grpo": ("GRPO policy adapter", "A LoRA policy adapter trained online by GRPO: groups of episodes played per "
              "instance, each turn's advantage its episode's reward relative to its group.", "text-generation",
              ["rl", "grpo"], "rl"),
@@ -168,8 +174,10 @@ def _prm_metrics(metrics: dict) -> str:
             text += "\n\n" + _table([(c["check"], "passed" if c["passed"] else "FAILED", c["value"], c["threshold"],
                                       c.get("baseline")) for c in gate["checks"]],
                                     ("check", "result", "value", "threshold", "baseline"))
-        if gate.get("not_measured"):
-            text += "\n\nnot measured: " + "; ".join(gate["not_measured"])
+        for check in gate.get("reported") or []:   # calibration where no search reads the values as probabilities
+            text += f"\n\nreported, not decisive: {check['check']}: {check['message']}"
+        if gate.get("not_judged"):
+            text += "\n\nnot judged (no evidence is no pass): " + "; ".join(gate["not_judged"])
     return text
 
 
@@ -198,12 +206,14 @@ def adapter_card(kind: str, metrics: dict, output: str | Path) -> str:
     title, method, pipeline_tag, tags, section = KINDS[kind]
     model = metrics.get("model") or {}
     spec = model.get("spec") or (metrics.get("config") or {}).get("model", {}).get("spec", "")
-    meta = front_matter(spec, pipeline_tag, ["lora", *tags], library_name="peft")
+    probe = kind == "prm_probe"
+    meta = front_matter(spec, pipeline_tag, tags if probe else ["lora", *tags], library_name="clemprm" if probe
+                        else "peft")
     config = metrics.get("config") or {}
     hyper = _yaml_block(config) if config else ""
-    if kind in ("sft", "prm"):
+    if kind in ("sft", "prm", "prm_probe"):
         data, results = _examples_section(metrics), _training_metrics(metrics)
-        if kind == "prm":
+        if kind != "sft":
             results += "\n\n" + _prm_metrics(metrics)
     else:
         states = (metrics.get("data") or {}).get("states")
@@ -213,7 +223,9 @@ def adapter_card(kind: str, metrics: dict, output: str | Path) -> str:
         results = _rl_metrics(metrics)
     base = (f"Base model: `{spec}`" + (f" (Hub: [{meta['base_model']}](https://huggingface.co/{meta['base_model']}))"
                                        if "base_model" in meta else "") + "\n\n" + _model_lines(model))
-    usage = ("Load it with PEFT on top of its base model (`PeftModel.from_pretrained(base, folder)`), or with "
+    usage = ("Load it with clemprm (`clemprm.models.prm.load_prm` with `prm.kind: probe`): it reads the policy "
+             "its probe_config.json names." if probe else
+             "Load it with PEFT on top of its base model (`PeftModel.from_pretrained(base, folder)`), or with "
              "clemprm's loader (`model.spec` + `model.adapter`).")
     sections = [("Method", method), ("Base model", base), ("Hyperparameters", hyper), ("Training data", data),
                 ("Metrics", results), ("Usage", usage), *_common_sections(metrics, output)]

@@ -144,3 +144,12 @@ def upstream_outputs(modes) -> list[str]:
         outputs += ["results/labels/branch_points.parquet", "results/labels/soft_labels.parquet"]
     algorithms = sorted({mode.algorithm for mode in chosen if mode.algorithm})
     return outputs + [f"results/rl/{algorithm}/metrics.json" for algorithm in algorithms]
+
+
+def probability_search(eval_settings: dict) -> bool:
+    """Whether a configured search reads the PRM's values as probabilities: ``beam_search`` (ranked by the PRM) with
+    ``eval.aggregation: prod`` multiplies its steps' values, so a PRM off the labels' mean misranks beams. Every other
+    search reads only the PRM's order (the argmax among one state's siblings, a beam's last or worst value), which an
+    offset does not change. The PRM's quality gate judges calibration only where this holds."""
+    return eval_settings["aggregation"] == "prod" and any(
+        MODES[name].search == "beam_search" and MODES[name].scorer == "prm" for name in eval_settings["modes"])

@@ -5,7 +5,9 @@ The bootstrap's unit is the instance ``(game, experiment, game_id)``: a caller s
 into one table per game (its sufficient statistics, one row per instance), and a *statistic* turns such tables and
 per-game instance weights into metric arrays per game and overall (one value per row of the weights). Draws resample
 instances with replacement within each game (every game keeps its size), seeded per game and size: two modes, or two
-scorers, on the same instances get the same draws, so their difference is paired. Intervals are percentile intervals.
+scorers, on the same instances get the same draws, so their difference is paired; a difference of a metric averaged
+over games is averaged over the games where both sides have it (:func:`difference`). Intervals are percentile
+intervals. Over seeds, :func:`mean_over_seeds` combines each seed's figure and interval.
 """
 
 from __future__ import annotations
@@ -57,36 +59,63 @@ def interval(point: float, draws: np.ndarray, ci: float) -> dict:
 
 
 def bootstrap(tables: dict[str, pd.DataFrame], statistic: Statistic, samples: int, seed: int, ci: float,
-              baseline: dict[str, pd.DataFrame] | None = None) -> dict[str, dict[str, dict]]:
+              baseline: dict[str, pd.DataFrame] | None = None,
+              macro: tuple[str, ...] = ()) -> dict[str, dict[str, dict]]:
     """Every metric of ``statistic`` per group (game, overall) as a point estimate with its interval. With
     ``baseline`` (tables of the same instances, in the same order), the paired difference ``tables - baseline``:
-    both sides computed on the same draws."""
+    both sides computed on the same draws (:func:`difference`; ``macro``: the metrics whose overall is a mean over
+    games, :func:`macro_average`), and under ``OVERALL`` ``games``: per metric, how many games its overall difference
+    covers (the games where both sides are defined)."""
     ones = {game: np.ones((1, len(part))) for game, part in tables.items()}
     weights = bootstrap_weights(tables, samples, seed)
     points, draws = statistic(tables, ones), statistic(tables, weights)
+    games = None
     if baseline is not None:
-        points = _subtract(points, statistic(baseline, ones))
-        draws = _subtract(draws, statistic(baseline, weights))
-    return {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in metrics}
-            for group, metrics in points.items()}
+        base_points = statistic(baseline, ones)
+        games = shared_games(points, base_points, points[OVERALL])
+        points = difference(points, base_points, macro)
+        draws = difference(draws, statistic(baseline, weights), macro)
+    result = {group: {metric: interval(points[group][metric][0], draws[group][metric], ci) for metric in metrics}
+              for group, metrics in points.items()}
+    if games is not None:
+        result[OVERALL]["games"] = games
+    return result
 
 
 def paired_difference(table: pd.DataFrame, baseline: pd.DataFrame, statistic: Statistic, samples: int, seed: int,
-                      ci: float) -> dict[str, dict]:
+                      ci: float, macro: tuple[str, ...] = ()) -> dict[str, dict]:
     """``table - baseline`` (per-instance tables indexed by ``(game, experiment, game_id)``) on the instances both
-    have, per game and overall, with paired intervals and each group's instance count; {} when they share none."""
+    have, per game and overall, with paired intervals, each group's instance count and the games each overall
+    difference covers (:func:`bootstrap`); {} when they share none."""
     common = table.index.intersection(baseline.index)
     if common.empty:
         return {}
     tables = split_by_game(table.loc[common])
-    result = bootstrap(tables, statistic, samples, seed, ci, baseline=split_by_game(baseline.loc[common]))
+    result = bootstrap(tables, statistic, samples, seed, ci, baseline=split_by_game(baseline.loc[common]),
+                       macro=macro)
     for group in result:
         result[group]["instances"] = len(common) if group == OVERALL else len(tables[group])
     return result
 
 
-def _subtract(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
-    return {group: {metric: a[group][metric] - b[group][metric] for metric in a[group]} for group in a}
+def difference(a: dict[str, dict], b: dict[str, dict], macro: tuple[str, ...] = ()) -> dict[str, dict]:
+    """``a - b`` of two outputs of one statistic (one value per draw), per game and overall. The overall difference
+    of a ``macro`` metric is the mean over games of the per-game differences, over the games where both sides are
+    defined in that draw (NaN where there is none): the difference of two macro averages would compare different
+    sets of games where one side is undefined in a game (quality where a mode played no episode). Other overall
+    metrics (a pooled ratio, clemscore, defined everywhere) are subtracted as they are."""
+    result = {group: {metric: a[group][metric] - b[group][metric] for metric in a[group]} for group in a}
+    games = [group for group in a if group != OVERALL]
+    for metric in macro:
+        result[OVERALL][metric] = macro_average([result[game] for game in games], (metric,))[metric]
+    return result
+
+
+def shared_games(a: dict[str, dict], b: dict[str, dict], metrics) -> dict[str, int]:
+    """Per metric, the games where both point estimates ``a`` and ``b`` (one statistic's outputs) are defined."""
+    games = [group for group in a if group != OVERALL]
+    return {metric: sum(not (np.isnan(a[game][metric][0]) or np.isnan(b[game][metric][0])) for game in games)
+            for metric in metrics}
 
 
 def macro_average(per_game: list[dict[str, np.ndarray]], metrics) -> dict[str, np.ndarray]:
@@ -104,22 +133,27 @@ def macro_average(per_game: list[dict[str, np.ndarray]], metrics) -> dict[str, n
 # ---------------------------------------------------------------------------------------------- over seeds
 
 
-def mean_over_seeds(estimates: list[dict], ci: float = 0.95) -> dict:
-    """The mean of one figure over seeds, each seed's estimate a point with its interval (:func:`interval`), and a
-    conservative interval for the mean: the wider of two. One from the seeds' spread (Student's t with n - 1
-    degrees of freedom: how much a new draw of instances, labels and training moves the figure); one from each
-    seed's own interval (normal, seeds independent, half the interval's width over z a seed's standard error: the
-    evaluation's own noise). With three seeds neither alone is safe: three seeds that happen to agree would hide
-    the noise each seed's interval shows, and seeds with narrow intervals would hide how far the draw moves the
-    figure. Null where a seed lacks the figure or its interval, or with fewer than two seeds."""
+def mean_over_seeds(estimates: list[dict], ci: float) -> dict:
+    """The mean of one figure over seeds, each seed's estimate a point with its interval (:func:`interval`) and the
+    level that interval was made at (``level``: the seed's ``eval.ci`` or ``prm.ci``), and an interval at level ``ci``
+    for the mean: the wider of two. One from the seeds' spread (Student's t with n - 1 degrees of freedom: how much
+    a new draw of instances, labels and training moves the figure); one from each seed's own interval (a seed's
+    standard error: half its interval's width over the normal quantile of its level), the seeds' errors combined as
+    fully correlated, the mean of their standard errors: the seeds are evaluated on the same instances (the test
+    split, whole for every seed), so the evaluation noise they show is largely one noise, and averaging seeds does
+    not shrink it (combined as independent, three seeds would divide it by sqrt(3)). With three seeds neither
+    interval alone is safe: three seeds that happen to agree would hide the noise each seed's interval shows, and
+    seeds with narrow intervals would hide how far the draw moves the figure. Null where a seed lacks the figure or
+    its interval, or with fewer than two seeds."""
     from scipy import stats
 
     if len(estimates) < 2 or any(e.get("value") is None or e.get("ci_low") is None for e in estimates):
         return {"value": None, "ci_low": None, "ci_high": None}
+    if any(e.get("level") is None for e in estimates):
+        raise ValueError("mean_over_seeds: every seed's interval needs the level it was made at ('level', e.g. 0.95)")
     values = np.array([e["value"] for e in estimates], dtype=float)
-    z = stats.norm.ppf(0.5 + ci / 2)
-    errors = np.array([(e["ci_high"] - e["ci_low"]) / (2 * z) for e in estimates])
-    within = z * math.sqrt(float(np.sum(errors ** 2))) / len(values)
+    errors = np.array([(e["ci_high"] - e["ci_low"]) / (2 * stats.norm.ppf(0.5 + e["level"] / 2)) for e in estimates])
+    within = stats.norm.ppf(0.5 + ci / 2) * float(errors.mean())
     between = stats.t.ppf(0.5 + ci / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
     mean, half = float(values.mean()), float(max(within, between))
     return {"value": mean, "ci_low": mean - half, "ci_high": mean + half}

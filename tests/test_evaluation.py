@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import math
+import re
 
 import jsonschema
 import pyarrow as pa
@@ -266,6 +267,66 @@ def test_identical_modes_differ_by_exactly_zero_with_a_paired_interval(eval_run)
     assert single["ci_low"] < single["ci_high"]   # unpaired, the same data has a wide interval
 
 
+def test_a_difference_covers_the_games_both_modes_played_and_says_how_many(tmp_path, scripted_policy):
+    """greedy_base breaks wordref's rules at every turn, so it plays none of its episodes and has no quality there:
+    greedy_sft - greedy_base in quality is the mean of the per-game differences over guessnumber and oddoneout, and
+    the summary, the results table and the report say it covers 2 of 3 games. The difference of the two overall
+    qualities would set greedy_sft's mean over three games against greedy_base's over two."""
+    from clemprm.evaluation import console
+    from clemprm.play.engine import Generation
+
+    def answers(perspectives, seeds, wordref: bool):
+        """Valid answers in wordref and oddoneout (the first word offered; a description without the words),
+        mixed_answer in guessnumber; without ``wordref``, a describer that says the three words it must not say (two
+        violations abort the game)."""
+        texts = []
+        for messages, seed in zip(perspectives, seeds):
+            first = messages[0]["content"]
+            words = re.search(r"(?:The words are:|The three words are) ([^.]+)\.", first)
+            if "Describe the target" in first:
+                texts.append("DESCRIPTION: something you can hold" if wordref else f"DESCRIPTION: {words.group(1)}")
+            elif words:
+                texts.append(f"ANSWER: {re.split(r', | and ', words.group(1))[0]}")
+            else:
+                texts.append(mixed_answer(messages, seed))
+        return [Generation(text=t, raw_text=t, prompt_tokens=1, new_tokens=len(t.split())) for t in texts]
+
+    class Playing(scripted_policy):
+        wordref = True
+
+        def generate(self, perspectives, seeds=None, **kwargs):
+            return answers(perspectives, seeds, self.wordref)
+
+    class NoWordref(Playing):
+        wordref = False
+
+    paths = {mode: str(tmp_path / f"{mode}.parquet") for mode in ("greedy_sft", "greedy_base")}
+    evaluate.evaluate_mode("greedy_sft", SETTINGS, paths["greedy_sft"], policy=Playing(None, name="playing"))
+    evaluate.evaluate_mode("greedy_base", SETTINGS, paths["greedy_base"], policy=NoWordref(None, name="no-wordref"))
+    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "prm_eval.json"))
+    sft, unplayed = (summary["modes"][mode]["results"] for mode in ("greedy_sft", "greedy_base"))
+    assert unplayed["wordref"]["percent_played"]["value"] == 0 and unplayed["wordref"]["quality"]["value"] is None
+    assert sft["wordref"]["quality"]["value"] is not None
+    difference = summary["differences"]["greedy_base"]["greedy_sft"]
+    shared = ("guessnumber", "oddoneout")
+    assert difference["wordref"]["quality"]["value"] is None
+    assert difference["overall"]["games"] == {"percent_played": 3, "quality": 2, "clemscore": 3, "success_rate": 3}
+    assert difference["overall"]["quality"]["value"] == pytest.approx(
+        sum(difference[game]["quality"]["value"] for game in shared) / 2)
+    over_different_games = sft["overall"]["quality"]["value"] - unplayed["overall"]["quality"]["value"]
+    assert difference["overall"]["quality"]["value"] != pytest.approx(over_different_games)
+    assert difference["overall"]["clemscore"]["value"] == pytest.approx(   # defined everywhere: as it was
+        sft["overall"]["clemscore"]["value"] - unplayed["overall"]["clemscore"]["value"])
+    assert report.partial_differences(summary) == [   # both are baselines: each is reported minus the other
+        "greedy_sft - greedy_base: quality over 2 of 3 games", "greedy_base - greedy_sft: quality over 2 of 3 games"]
+    report.write_warnings_page(summary, tmp_path / "warnings.html")
+    assert "greedy_sft - greedy_base: quality over 2 of 3 games" in (tmp_path / "warnings.html").read_text()
+    with_search = {**summary, "modes": {**summary["modes"], "best_of_n": {**summary["modes"]["greedy_sft"]}},
+                   "differences": {"random_of_n": {"best_of_n": difference}}}
+    row = next(line for line in console.summary_table(with_search).splitlines() if "best_of_n - random_of_n" in line)
+    assert row.rstrip().endswith("2 of 3")
+
+
 def test_prm_eval_json_validates_against_its_schema(eval_run):
     _, summary, path, _, _ = eval_run
     schema = evaluate.summary_schema()
@@ -352,3 +413,29 @@ def test_the_summary_refuses_episodes_of_another_split(eval_run, tmp_path):
     other = {**SETTINGS, "eval": {**SETTINGS["eval"], "split": "test"}}
     with pytest.raises(records.RecordFileError, match=r"greedy_base.parquet holds \d+ validation rows .* only test"):
         evaluate.summarize_eval(other, [paths["greedy_base"]], str(tmp_path / "prm_eval.json"))
+
+
+def test_a_summary_older_than_the_episodes_it_is_made_from_is_named_stale(eval_run, tmp_path, capsys):
+    """``clemprm summary`` on a real prm_eval.json beside its modes' episodes (results/eval/): the table alone; once a
+    mode's episodes are newer (remade since, the summary not), a STALE warning that names them comes first."""
+    import os
+    import shutil
+
+    from clemprm.cli import main
+
+    paths, _, summary_path, _, _ = eval_run
+    results = tmp_path / "results"
+    (results / "eval").mkdir(parents=True)
+    for mode, path in paths.items():   # copy2 keeps the mtimes: each mode's episodes older than the summary
+        shutil.copy2(path, results / "eval" / f"{mode}.parquet")
+    shutil.copy2(summary_path, results / "prm_eval.json")
+    assert main(["summary", str(results / "prm_eval.json")]) == 0
+    assert capsys.readouterr().out.startswith("clemprm results: validation split")
+    made = (results / "prm_eval.json").stat().st_mtime
+    os.utime(results / "eval" / "best_of_n.parquet", (made + 60, made + 60))
+    assert main(["summary", str(results / "prm_eval.json")]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    assert first.startswith(f"WARNING: the table below is STALE: {results / 'prm_eval.json'}, made ")
+    assert first.endswith(f"(validation split, seed {SETTINGS['seed']}), is older than 1 of the files it is made from "
+                          f"({results / 'eval' / 'best_of_n.parquet'}); snakemake results/prm_eval.json remakes it")
+    assert second.startswith("clemprm results: validation split")

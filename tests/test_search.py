@@ -83,6 +83,7 @@ def test_best_of_n_plays_the_candidate_the_prm_prefers(catalog, seeded_policy):
     assert all(row["success"] for row in rows)
     scored = {}
     for pairs in prm.calls:
+        assert [pair.slot for pair in pairs] == list(range(8)) * (len(pairs) // 8)   # each waiting game's 8 slots
         for pair in pairs:
             assert pair.reply is None and pair.accepted is None   # blind: no game saw the candidate
             scored.setdefault(str(pair.perspective), set()).add(pair.candidate)
@@ -120,6 +121,7 @@ def test_lookahead_best_of_n_reads_each_fork_and_the_rule_control_picks_what_the
     rows = [episode.record("p", SAMPLING) for episode in episodes]
     assert all(row["success"] for row in rows)   # the rule never plays a rejected answer when another was accepted
     assert {pair.accepted for pair in seen} == {True, False}
+    assert [pair.slot for pair in seen] == list(range(8)) * (len(seen) // 8)   # each fork knows its slot
     assert all(pair.reply for pair in seen) and any(pair.reply == "Game over: won." for pair in seen)
     assert all(pair.accepted is False for pair in seen if pair.candidate == JUNK)
     assert [cost.nodes for cost in costs] == [8 * row["n_turns"] for row in rows]
@@ -215,15 +217,31 @@ def test_beam_scores_aggregate_last_min_or_prod():
         beam_search(None, [], None, n=1, beam_width=1, iterations=1, sampling=SAMPLING, aggregation="mean")
 
 
-def test_random_scorer_is_a_seeded_uniform_function_of_the_pair():
+def test_random_scorer_is_a_seeded_uniform_function_of_the_turn_and_the_slot():
     messages = [{"role": "user", "content": "Which word does not belong?"}]
-    pairs = [Pair(messages, f"ANSWER: {i}", "Wrong.", False) for i in range(400)]
+    pairs = [Pair(messages, "ANSWER: pear", "Wrong.", False, slot) for slot in range(400)]
     scores = RandomScorer(0).score(pairs)
     assert scores == RandomScorer(0).score(pairs) and scores != RandomScorer(1).score(pairs)
     assert RandomScorer(0).score(pairs[::-1]) == scores[::-1]          # no dependence on the batch
     assert all(0 <= score < 1 for score in scores) and 0.45 < sum(scores) / len(scores) < 0.55
-    other = [Pair([{"role": "user", "content": "Another game"}], pair.candidate) for pair in pairs[:50]]
-    assert RandomScorer(0).score(other) != scores[:50]                  # the perspective counts too
+    other = [Pair([{"role": "user", "content": "Another game"}], pair.candidate, slot=pair.slot) for pair in pairs[:50]]
+    assert RandomScorer(0).score(other) != scores[:50]                  # the perspective (the turn) counts too
+    renamed = [pair._replace(candidate=f"ANSWER: {pair.slot}") for pair in pairs]
+    assert RandomScorer(0).score(renamed) == scores                     # the text does not
+
+
+def test_random_of_n_picks_one_of_the_n_samples_at_random_so_a_repeated_answer_by_its_count():
+    """A turn whose 4 candidates are A, A, A, B: over 2000 seeds (a fixed list: the test cannot flake) the random
+    control plays A in about 3/4 of them (binomial sd 0.01), as a random one of the 4 samples would; a score of the
+    text picked A in about 1/2 (uniform over the distinct answers)."""
+    messages = [{"role": "user", "content": "Guess a number from 1 to 10."}]
+    texts = ["GUESS: 5", "GUESS: 5", "GUESS: 5", "GUESS: 7"]
+    pairs = [Pair(messages, text, slot=slot) for slot, text in enumerate(texts)]
+    picks = []
+    for seed in range(2000):
+        scores = RandomScorer(seed).score(pairs)
+        picks.append(texts[max(range(len(texts)), key=scores.__getitem__)])   # best_of_n's pick
+    assert 0.72 < picks.count("GUESS: 5") / len(picks) < 0.78
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +263,7 @@ def test_logprob_scorer_is_the_policys_mean_token_logprob_of_the_candidate(tiny_
     scores = scorer.score(pairs)
     assert scorer.stats.shared_tokens > 0   # the candidates of one prompt passed it once (checked equal below)
     tokenizer, model = tiny_policy.tokenizer, tiny_policy.model
-    for (prefix, candidate, _, _), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
+    for (prefix, candidate, *_), score in zip(pairs, scores):  # each pair alone, unpadded, without a cache
         prompt = tokenizer(tiny_policy.render(prefix), add_special_tokens=False)["input_ids"]
         answer = tokenizer(candidate, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         with torch.inference_mode():

@@ -25,8 +25,8 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     # % played is defined whatever was played (quality is not when nothing was)
     best = summary["differences"]["random_of_n"]["best_of_n"]["overall"]["percent_played"]
     assert row["blind/difference/best_of_n-random_of_n/percent_played"] == best["value"]
-    assert row["blind/difference/best_of_n-random_of_n/percent_played/ci"] == (
-        f"[{best['ci_low']:+.3f}, {best['ci_high']:+.3f}]")
+    assert row["blind/difference/best_of_n-random_of_n/percent_played/ci"] == (   # led by its level, eval.ci
+        f"{100 * summary['bootstrap']['ci']:g}% [{best['ci_low']:+.3f}, {best['ci_high']:+.3f}]")
     assert row["blind/gate"] == summary["prm"]["gate"]["status"]
     assert not any(key.startswith("lookahead/") for key in row)   # no lookahead mode in the default run
 
@@ -108,3 +108,20 @@ def test_a_claim_holds_when_the_mean_over_seeds_clears_0_not_when_its_point_esti
     assert claims["blind: best_of_n beats random_of_n on percent_played"]["holds"] is True
     assert claims["blind: prm picks better than candidate_length (top-1 regret)"]["holds"] is True
     assert claims["blind: prm ranks siblings better than candidate_length (pairwise accuracy)"]["holds"] is None
+
+
+def test_a_claim_reads_each_seed_interval_at_the_level_it_was_made_at():
+    """The same bounds made at 90% stand for larger errors than at 95%: a claim whose seeds' own intervals decide
+    holds at 95% made, not at 90% made; an interval written without a level (tables made before rows recorded it)
+    is read at 95%."""
+    key = "blind/difference/best_of_n-random_of_n/percent_played"
+    claim = "blind: best_of_n beats random_of_n on percent_played"
+
+    def rows(interval):
+        return {seed: {key: 3.0, f"{key}/ci": interval} for seed in (7, 11, 42)}
+
+    at_95 = seeds.seeds_table(rows("95% [+0.100, +5.900]"))["claims"][claim]
+    at_90 = seeds.seeds_table(rows("90% [+0.100, +5.900]"))["claims"][claim]
+    assert at_95["holds"] is True and at_90["holds"] is False
+    assert at_90["mean"]["ci_low"] < at_95["mean"]["ci_low"]
+    assert seeds.seeds_table(rows("[+0.100, +5.900]"))["claims"][claim] == at_95

@@ -90,18 +90,72 @@ def test_derive_seed_is_stable_and_63_bit():
 
 def test_the_mean_over_seeds_takes_the_wider_of_the_seeds_spread_and_their_own_intervals():
     """Three seeds that agree do not hide each seed's noise, and narrow intervals do not hide the draw's spread."""
-    z, t2 = 1.959964, 4.302653   # the 97.5% quantiles of the normal and of Student's t with 2 degrees of freedom
-    agreeing = [{"value": v, "ci_low": v - 20.0, "ci_high": v + 20.0} for v in (4.0, 4.5, 5.0)]
-    mean = stats.mean_over_seeds(agreeing)
-    within = z * np.sqrt(3 * (20.0 / z) ** 2) / 3   # a seed's standard error from its interval, seeds independent
+    t2 = 4.302653   # the 97.5% quantile of Student's t with 2 degrees of freedom
+    agreeing = [{"value": v, "ci_low": v - 20.0, "ci_high": v + 20.0, "level": 0.95} for v in (4.0, 4.5, 5.0)]
+    mean = stats.mean_over_seeds(agreeing, 0.95)
     assert mean["value"] == pytest.approx(4.5)
-    assert mean["ci_high"] - mean["value"] == pytest.approx(within) and mean["ci_low"] < 0
-    spread = [{"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1} for v in (-2.0, 5.0, 12.0)]
-    mean = stats.mean_over_seeds(spread)
+    assert mean["ci_high"] - mean["value"] == pytest.approx(20.0) and mean["ci_low"] < 0
+    spread = [{"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1, "level": 0.95} for v in (-2.0, 5.0, 12.0)]
+    mean = stats.mean_over_seeds(spread, 0.95)
     assert mean["ci_high"] - mean["value"] == pytest.approx(t2 * np.std([-2.0, 5.0, 12.0], ddof=1) / np.sqrt(3))
     assert mean["ci_low"] < 0
-    consistent = [{"value": v, "ci_low": v - 1.0, "ci_high": v + 1.0} for v in (3.0, 3.5, 4.0)]
-    assert stats.mean_over_seeds(consistent)["ci_low"] > 0
+    consistent = [{"value": v, "ci_low": v - 1.0, "ci_high": v + 1.0, "level": 0.95} for v in (3.0, 3.5, 4.0)]
+    assert stats.mean_over_seeds(consistent, 0.95)["ci_low"] > 0
     missing = consistent[:2] + [{"value": None, "ci_low": None, "ci_high": None}]
-    assert stats.mean_over_seeds(missing) == {"value": None, "ci_low": None, "ci_high": None}
-    assert stats.mean_over_seeds(consistent[:1])["value"] is None   # one seed has no interval over seeds
+    assert stats.mean_over_seeds(missing, 0.95) == {"value": None, "ci_low": None, "ci_high": None}
+    assert stats.mean_over_seeds(consistent[:1], 0.95)["value"] is None   # one seed has no interval over seeds
+
+
+def test_the_seeds_own_errors_combine_as_fully_correlated_the_mean_of_their_standard_errors():
+    """Seeds tested on the same instances share their evaluation noise: the within-seed term is the mean of the
+    seeds' standard errors (here 1, 2 and 6: 3), not their root sum of squares over n (2.16), which would shrink
+    the noise as if each seed had drawn its own test instances."""
+    z = 1.959964
+    seeds = [{"value": 0.0, "ci_low": -z * error, "ci_high": z * error, "level": 0.95} for error in (1.0, 2.0, 6.0)]
+    mean = stats.mean_over_seeds(seeds, 0.95)
+    assert mean["ci_high"] == pytest.approx(z * 3.0)
+    assert mean["ci_high"] > z * np.sqrt(1 + 4 + 36) / 3   # what independent errors would give
+
+
+def test_the_mean_over_seeds_reads_each_interval_at_its_level_and_gives_the_requested_one():
+    """An interval at 0.9 comes out narrower than at 0.95; a seed's interval made at 0.9 stands for a larger
+    standard error than the same interval made at 0.95."""
+    def seeds(level):
+        return [{"value": v, "ci_low": v - 1.0, "ci_high": v + 1.0, "level": level} for v in (0.5, 0.5, 0.5)]
+
+    def width(estimate):
+        return estimate["ci_high"] - estimate["ci_low"]
+
+    z90, z95 = 1.644854, 1.959964
+    at_90, at_95 = stats.mean_over_seeds(seeds(0.95), 0.9), stats.mean_over_seeds(seeds(0.95), 0.95)
+    assert width(at_90) < width(at_95) == pytest.approx(2.0)
+    assert width(at_90) == pytest.approx(2.0 * z90 / z95)
+    made_at_90 = stats.mean_over_seeds(seeds(0.9), 0.95)
+    assert width(made_at_90) == pytest.approx(2.0 * z95 / z90) and width(made_at_90) > width(at_95)
+    assert width(stats.mean_over_seeds(seeds(0.9), 0.9)) == pytest.approx(2.0)   # the same level both ways
+
+
+def test_an_overall_difference_of_a_mean_over_games_covers_the_games_both_sides_have():
+    """Side b has no rate in game c (no episode there): the overall difference of a macro average is the mean of the
+    per-game differences over a and b, and says it covers 2 games; the difference of the two macro averages would
+    set a's mean over three games against b's over two."""
+    rng = np.random.default_rng(4)
+    a = instance_sums(rng, games=("a", "b", "c"))
+    b = a.copy()
+    b["wins"] = np.maximum(b["wins"] - 1, 0)
+    b.loc["c", ["wins", "episodes"]] = 0.0   # nothing played in c: b's rate there is undefined
+    a.loc["c", "wins"] = 4.0       # a wins all of c: far above its other games
+    with np.errstate(invalid="ignore", divide="ignore"):
+        result = stats.paired_difference(a, b, win_rate, 300, 0, 0.95, macro=("rate",))
+    per_game = [result[game]["rate"]["value"] for game in ("a", "b")]
+    assert result["c"]["rate"]["value"] is None
+    assert result[stats.OVERALL]["games"] == {"rate": 2}
+    assert result[stats.OVERALL]["rate"]["value"] == pytest.approx(np.mean(per_game))
+    rates = {side: {game: part["wins"].sum() / part["episodes"].sum() for game, part in table.groupby(level="game")}
+             for side, table in (("a", a), ("b", b.loc[["a", "b"]]))}
+    of_averages = np.mean(list(rates["a"].values())) - np.mean(list(rates["b"].values()))
+    assert of_averages > result[stats.OVERALL]["rate"]["ci_high"]   # what the old overall said: a's c won it
+    assert result[stats.OVERALL]["rate"]["ci_low"] > 0
+    with np.errstate(invalid="ignore", divide="ignore"):   # a pooled or everywhere-defined overall
+        plain = stats.paired_difference(a, b, win_rate, 300, 0, 0.95)
+    assert plain[stats.OVERALL]["rate"]["value"] == pytest.approx(of_averages)

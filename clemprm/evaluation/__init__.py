@@ -5,4 +5,7 @@
 * :mod:`clemprm.evaluation.report`: the figures of the Snakemake report.
 * :mod:`clemprm.evaluation.transcript`: episode transcripts and a search's choices as HTML pages of the report.
 * :mod:`clemprm.evaluation.inspect`: ``clemprm inspect``, a summary of any record file.
+* :mod:`clemprm.evaluation.console`: ``clemprm summary``, the results table printed at the end of a run (with a
+  warning when the table is stale or another run's, and the failed jobs' own errors).
+* :mod:`clemprm.evaluation.seeds`: the learning benchmark's table over seeds and the claims judged on it.
 """

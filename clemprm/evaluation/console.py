@@ -5,10 +5,23 @@ then lookahead, whose candidates were played in forks) each mode's % played, qua
 intervals, then each search's difference to the controls of its regime; the PRM's within-state figures against its
 baselines on held-out states and its quality gate's verdict (with the check that failed); where the report,
 transcripts and clembench results trees are.
+
+Around the table: a file that is not a prm_eval.json is refused, naming what it is not (:func:`read_summary`); a
+summary the run that prints it did not make, or one older than files it is made from, is named stale with its own
+time, seed and split (:func:`staleness`); a run that fails ends with each failed job's own error line from its log,
+not only Snakemake's CalledProcessError (:func:`failed_jobs`, the Snakefile's ``onerror``).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import time
+from pathlib import Path
+
+import jsonschema
+
+from clemprm.evaluation.evaluate import summary_schema
 from clemprm.modes import MODES
 from clemprm.stats import OVERALL
 
@@ -16,6 +29,7 @@ METRICS = ("percent_played", "quality", "clemscore")
 RANKING_ROWS = ("prm", "candidate_length", "policy_logprob", "constant_mean", "acceptance", "rule")
 ROW_NAMES = {"constant_mean": "random pick", "acceptance": "acceptance (reference)",
              "rule": "rule (reads the fork)"}
+GATE_MARKS = {"failed": " (PRM failed its gate)", "not_judged": " (PRM gate not judged)"}   # beside a PRM's mode
 REGIME_TITLES = {"blind": "BLIND: one answer per turn reaches the game (comparable with clembench)",
                  "lookahead": "LOOKAHEAD: every candidate played in a fork first (no clembench score)"}
 
@@ -34,15 +48,16 @@ def mode_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
     rows: dict[str, list[tuple[str, ...]]] = {}
     for mode, entry in sorted(summary.get("modes", {}).items(), key=lambda item: list(MODES).index(item[0])):
         overall = (entry.get("results") or {}).get(OVERALL) or {}
-        gate = " (PRM failed its gate)" if entry.get("prm_gate") == "failed" else ""
+        gate = GATE_MARKS.get(entry.get("prm_gate"), "")
         rows.setdefault(entry.get("regime", "lookahead"), []).append(
             (mode + gate, *(estimate(overall.get(metric)) for metric in METRICS)))
     return rows
 
 
 def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
-    """Per regime, one row per search (a mode with a scorer) and control of its regime: ``search - control`` and
-    the paired differences in % played, quality and clemscore."""
+    """Per regime, one row per search (a mode with a scorer) and control of its regime: ``search - control``, the
+    paired differences in % played, quality and clemscore, and how many of the games the quality difference covers
+    (those both modes played an episode of)."""
     rows: dict[str, list[tuple[str, ...]]] = {}
     for control, modes in summary.get("differences", {}).items():
         for mode, difference in modes.items():
@@ -51,8 +66,10 @@ def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
                 continue   # each search against the controls of its own kind (the rest is in the file)
             overall = difference.get(OVERALL) or {}
             regime = summary["modes"][mode].get("regime", "lookahead")
+            covered = (overall.get("games") or {}).get("quality")   # none in a summary made before it was counted
             rows.setdefault(regime, []).append(
-                (f"{mode} - {control}", *(estimate(overall.get(metric), signed=True) for metric in METRICS)))
+                (f"{mode} - {control}", *(estimate(overall.get(metric), signed=True) for metric in METRICS),
+                 "n/a" if covered is None else f"{covered} of {len(difference) - 1}"))   # every group but overall
     return rows
 
 
@@ -75,7 +92,8 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
 
 
 def gate_line(prm: dict) -> str:
-    """The gate's verdict, the first check that failed and the first the data could not decide."""
+    """The gate's verdict, the first check that failed and the first the data could not decide (a gate not judged
+    is a warning: no evidence is no pass)."""
     gate = prm.get("gate") or {}
     status = gate.get("status") or "n/a"
     failed = [check for check in gate.get("checks", []) if not check["passed"]]
@@ -83,8 +101,10 @@ def gate_line(prm: dict) -> str:
     if failed:
         first = failed[0]
         line = f"quality gate: FAILED ({', '.join(c['check'] for c in failed)}): {first['check']}: {first['message']}"
-    if gate.get("not_measured"):
-        line += f"; not judged: {gate['not_measured'][0]}"
+    if status == "not_judged":
+        line += ", WARNING: no evidence is no pass"
+    if gate.get("not_judged"):
+        line += f"; not judged: {gate['not_judged'][0]}"
     return line
 
 
@@ -100,14 +120,17 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
         lines += ["", REGIME_TITLES[regime]]
         lines += table(modes[regime], ("mode", "% played", "quality", "clemscore"))
         if differences.get(regime):
-            lines += table(differences[regime], ("search - control", "% played", "quality", "clemscore"))
+            lines += table(differences[regime], ("search - control", "% played", "quality", "clemscore",
+                                                 "quality over games"))
     prm = summary.get("prm")
     if prm:
         reads = {"candidate": "the candidate (blind)"}.get(prm.get("input"), "the candidate and the game's reply "
                                                                              "(lookahead)")
         ranking = prm.get("ranking") or {}
+        intervals = f", {round(100 * ranking['ci'])}% intervals" if ranking.get("ci") else ""
         lines += ["", f"PRM (reads {reads}) within states on held-out siblings: {ranking.get('prefixes', 0)} states, "
-                      f"{ranking.get('pairs_with_different_labels', 0)} pairs with different labels; {gate_line(prm)}"]
+                      f"{ranking.get('pairs_with_different_labels', 0)} pairs with different labels{intervals}; "
+                      f"{gate_line(prm)}"]
         rows = ranking_rows(prm)
         lines += table(rows, ("scorer", "pairwise accuracy", "top-1 regret")) if rows else ["  not measured"]
     lines += ["", "report: snakemake --report report.html; transcripts: results/report/transcripts/; "
@@ -115,3 +138,117 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
     if summary.get("warnings"):
         lines.append(f"{len(summary['warnings'])} warning(s) in {path} (warnings, upstream_warnings)")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ around the table
+
+
+class SummaryError(ValueError):
+    """A file ``clemprm summary`` cannot show (the message names it and what it is not)."""
+
+
+REMAKE = "snakemake results/prm_eval.json makes it, snakemake --forcerun eval_summary remakes it"
+JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false",
+              type(None): "null"}
+
+
+def read_summary(path: str | Path) -> dict:
+    """The evaluation summary in ``path``, checked against prm_eval.json's schema (:func:`summary_schema`), or
+    :class:`SummaryError` naming the file and what it is not: another JSON file of the run (results/prm/metrics.json),
+    ``{}``, a list or ``null`` would show as a table of a "None split" with no rows, or not at all."""
+    try:
+        text = Path(path).read_bytes()   # json.loads decodes it: a file that is not UTF-8 is "not JSON" below
+    except OSError as error:
+        raise SummaryError(f"{path}: {error.strerror}") from error
+    try:
+        summary = json.loads(text)
+    except ValueError as error:
+        raise SummaryError(f"{path} is not a prm_eval.json: it is not JSON ({error}); {REMAKE}") from error
+    if not isinstance(summary, dict):
+        raise SummaryError(f"{path} is not a prm_eval.json: it holds {JSON_KINDS[type(summary)]}, not an evaluation "
+                           f"summary (a JSON object); {REMAKE}")
+    schema = summary_schema()
+    missing = [key for key in schema["required"] if key not in summary]
+    if missing:
+        keys = f"its keys: {', '.join(sorted(summary))}" if summary else "it is {}"
+        raise SummaryError(f"{path} is not a prm_eval.json: it has no {', '.join(missing)} ({keys}); {REMAKE}")
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(summary))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "its top level"
+        message = error.message if len(error.message) <= 200 else error.message[:200] + "..."
+        raise SummaryError(f"{path} does not match the schema of prm_eval.json at {where}: {message} (made by another "
+                           f"version of clemprm?); {REMAKE}")
+    return summary
+
+
+def summary_inputs(path: str | Path, summary: dict) -> list[Path]:
+    """The files beside ``path`` that its summary was made from (the eval_summary rule's inputs): each mode's
+    episodes under eval/, and the PRM's metrics under prm/ where the summary shows the PRM."""
+    folder = Path(path).parent
+    modes = [*summary["modes"], *(["self_correct"] if "self_correction" in summary else [])]
+    return [folder / "eval" / f"{mode}.parquet" for mode in modes] + ([folder / "prm" / "metrics.json"]
+                                                                       if summary.get("prm") else [])
+
+
+def staleness(path: str | Path, summary: dict, run_start: float | None = None) -> list[str]:
+    """Warnings for a table that is not the answer of the run that prints it, with the summary's own time, split and
+    seed (from which run it is): ``path`` older than ``run_start`` (the run did not remake it: one aimed at part of
+    the DAG, e.g. one label shard), or older than files it was made from (:func:`summary_inputs`: they were remade
+    since, and it was not). Empty when the summary is this run's and up to date with its inputs."""
+    made = Path(path).stat().st_mtime
+    origin = (f"made {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(made))} ({summary['split']} split, seed "
+              f"{summary['bootstrap']['seed']})")
+    lines = []
+    if run_start is not None and made < run_start:
+        lines.append(f"WARNING: this run did not make {path}: the table below is that of the run that {origin}")
+    newer = [str(file) for file in summary_inputs(path, summary) if file.is_file() and file.stat().st_mtime > made]
+    if newer:
+        lines.append(f"WARNING: the table below is STALE: {path}, {origin}, is older than {len(newer)} of the files "
+                     f"it is made from ({', '.join(newer[:3])}{', ...' if len(newer) > 3 else ''}); "
+                     f"snakemake results/prm_eval.json remakes it")
+    return lines
+
+
+ERROR_RULE = re.compile(r"Error in rule (\w+)|\s+rule (\w+):$")   # a job's error block; a group error's jobs
+ERROR_LOG = re.compile(r"\s+log: (.+) \(check log file\(s\) for error details\)$")
+TRACEBACK = "Traceback (most recent call last):"
+LAUNCHER_ERRORS = ("ChildFailedError",)   # torchrun's report that a process failed: that process's error is above
+
+
+def failed_jobs(main_logs: list[str]) -> list[str]:
+    """One line per failed job of a run, read from Snakemake's main log (``main_logs``: the ``log`` an ``onerror``
+    handler is given): its rule, its log and the job's own last error there (:func:`last_error`), e.g. the
+    StageFailure or the "context too long: ... (model.max_context_tokens; ...)" that Snakemake's console shows only
+    as a CalledProcessError."""
+    lines = []
+    for main_log in main_logs:
+        rule = None
+        for line in Path(main_log).read_text(errors="replace").splitlines():
+            if match := ERROR_RULE.match(line):
+                rule = match.group(1) or match.group(2)
+            elif (match := ERROR_LOG.match(line)) and rule is not None:
+                lines += [f"rule {rule} failed ({job_log}): {last_error(job_log)}"
+                          for job_log in match.group(1).split(", ")]
+            elif not line.startswith(" "):   # past the block
+                rule = None
+    return list(dict.fromkeys(lines))   # a job's error block can be logged twice
+
+
+def last_error(job_log: str | Path) -> str:
+    """The last exception in a job's log (``StageFailure: <its message>``, the class without its module), past
+    torchrun's own report that a process failed; where the log holds no traceback (a job killed, or one that failed
+    before its log was set up), its last line."""
+    try:
+        lines = Path(job_log).read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"its log cannot be read ({error.strerror}): see Snakemake's output above"
+    errors = [next((line for line in lines[start + 1:] if line and not line[0].isspace()), None)
+              for start, line in enumerate(lines) if line.startswith(TRACEBACK)]
+    errors = [re.sub(r"^(?:\w+\.)+(\w+)(?=:|$)", r"\1", error) for error in errors if error]
+    errors = [error for error in errors if error.split(":")[0] not in LAUNCHER_ERRORS]
+    if errors:
+        return errors[-1]
+    written = [line for line in lines if line.strip()]
+    if not written:
+        return "its log is empty: see Snakemake's output above"
+    return f"no traceback in its log, whose last line is: {written[-1]}"

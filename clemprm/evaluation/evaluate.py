@@ -174,7 +174,7 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
                                      score_adapter=inputs.get("score_adapter"), on_failure=on_failure,
                                      clembench_dir=clembench_dir)
     eval_settings = settings["eval"]
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])
     split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     policy = policy or load_mode_policy(mode, settings, inputs, cache_dir)
@@ -249,11 +249,14 @@ def game_metrics(table: pd.DataFrame, weights: np.ndarray) -> dict[str, np.ndarr
             "success_rate": 100 * success / episodes}
 
 
+MACRO_METRICS = ("percent_played", "quality", "success_rate")   # overall: the mean over the games where defined
+
+
 def mode_statistic(tables: dict[str, pd.DataFrame], weights: dict[str, np.ndarray]) -> dict[str, dict]:
     """Per game and overall (clembench's macro average over games; clemscore from the averaged % played and
     quality): a :data:`clemprm.stats.Statistic` of :func:`instance_table` rows."""
     per_game = {game: game_metrics(table, weights[game]) for game, table in tables.items()}
-    overall = stats.macro_average(list(per_game.values()), ("percent_played", "quality", "success_rate"))
+    overall = stats.macro_average(list(per_game.values()), MACRO_METRICS)
     overall["clemscore"] = clemscore(overall["percent_played"], overall["quality"])
     return {**per_game, OVERALL: overall}
 
@@ -277,8 +280,11 @@ def mode_estimates(table: pd.DataFrame, samples: int, seed: int, ci: float, rows
 
 def difference(table: pd.DataFrame, baseline: pd.DataFrame, samples: int, seed: int, ci: float) -> dict:
     """``mode - baseline`` per game and overall on the instances both played, with paired bootstrap CIs ({} when
-    they share none)."""
-    return stats.paired_difference(table, baseline, mode_statistic, samples, seed, ci)
+    they share none). An overall difference of % played, quality or success rate is the mean of the per-game
+    differences over the games where both modes have the metric (quality: where both played an episode), in every
+    draw as in the point estimate; ``games`` under ``overall`` says how many games each covers. clemscore, defined
+    everywhere, is the difference of the two modes' clemscores."""
+    return stats.paired_difference(table, baseline, mode_statistic, samples, seed, ci, macro=MACRO_METRICS)
 
 
 # ------------------------------------------------------------------------------------------------ summary
@@ -352,6 +358,11 @@ def file_regime(path: str, run: dict) -> tuple[str, str | None]:
                          f"for a blind figure")
 
 
+# a PRM gate's verdict that every mode searching with it warns of: a failed gate, and one not judged (no evidence)
+GATE_WARNINGS = {"failed": "that did not pass its quality gate",
+                 "not_judged": "whose quality gate was not judged (no evidence is no pass)"}
+
+
 def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_paths: list[str] = (),
                    prm_metrics_path: str | None = None) -> dict:
     """Read every mode's episodes, compute the summary and write it as JSON (validated against its schema).
@@ -397,8 +408,9 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
     }
     if prm_metrics is not None:
         summary["prm"] = prm_summary(prm_metrics)
-    if gate.get("status") == "failed":   # the searches ranked by it say so
-        summary["warnings"] += [f"{mode} ran on a PRM that did not pass its quality gate"
+    if gate.get("status") in GATE_WARNINGS:   # the searches ranked by it say so
+        summary["warnings"] += [f"{mode} ran on a PRM {GATE_WARNINGS[gate['status']]}"
+                                + (f" ({'; '.join(gate['not_judged'])})" if gate["status"] == "not_judged" else "")
                                 for mode in summary["modes"] if MODES[mode].scorer == "prm"]
     if self_correct is not None:
         from clemprm.rl.self_correction import self_correction_summary
@@ -431,8 +443,8 @@ def summary_lines(summary: dict) -> str:
                          f"clemscore {show(overall['clemscore'])}, "
                          f"success {show(overall['success_rate'])}, failed episodes {overall.get('errors', 0)}; "
                          f"cost {entry['cost']}"
-                         + ("; RAN ON A PRM THAT DID NOT PASS ITS QUALITY GATE" if entry.get("prm_gate") == "failed"
-                            else ""))
+                         + (f"; RAN ON A PRM {GATE_WARNINGS[entry['prm_gate']].upper()}"
+                            if entry.get("prm_gate") in GATE_WARNINGS else ""))
     return "\n".join(lines)
 
 

@@ -25,7 +25,10 @@ GAME_COLUMNS = ("game", "meta.game")
 # (aborted, success, bench_score): episodes carry their own outcome, branch points the outcome of their episode.
 OUTCOME_COLUMNS = (("aborted", "success", "bench_score"),
                    ("episode_aborted", "episode_success", "episode_bench_score"))
-STAT_COLUMNS = ("mode", "label", "n_turns", "meta.outcome", "k", "n_aborted", "n_success")
+STAT_COLUMNS = ("mode", "label", "n_turns", "meta.outcome", "k", "n_aborted", "n_success", "n_lost", "count",
+                "parse_ok", "source")
+# the answers records (clemprm.records.ANSWERS): one row per distinct answer, its plays counted
+ANSWER_COLUMNS = ("count", "parse_ok", "source", "n_success", "n_lost", "n_aborted")
 
 
 def inspect_file(path: str | Path, examples: int = 3, width: int = 100, bins: int = 10) -> str:
@@ -153,6 +156,8 @@ def rows_stats(columns: dict[str, list], indices: list[int], bins: int) -> dict:
         stats["outcomes"] = dict(sorted(collections.Counter(values("meta.outcome")).items()))
     if {"k", "n_aborted", "n_success"} <= columns.keys():
         stats.update(continuation_stats(values("k"), values("n_aborted"), values("n_success")))
+    if set(ANSWER_COLUMNS) <= columns.keys():
+        stats["answers"] = answer_stats(*map(values, ANSWER_COLUMNS))
     return stats
 
 
@@ -210,6 +215,18 @@ def continuation_stats(k: list, n_aborted: list, n_success: list) -> dict:
             "continuation_success_rate": sum(s or 0 for _, _, s in rows) / played if played else math.nan}
 
 
+def answer_stats(count: list, parse_ok: list, source: list, n_success: list, n_lost: list, n_aborted: list) -> dict:
+    """Of answers records: the distinct answers and their plays, the share the game accepted (of each), how the
+    plays' episodes ended (shares of the plays) and the distinct answers by the source that first played them."""
+    plays = sum(count)
+    ended = {"won": sum(n_success), "lost": sum(n_lost), "aborted": sum(n_aborted)}
+    return {"distinct": len(count), "plays": plays,
+            "accepted": mean([float(ok) for ok in parse_ok]),
+            "accepted_plays": sum(n for n, ok in zip(count, parse_ok) if ok) / plays if plays else math.nan,
+            "ended": {outcome: n / plays if plays else math.nan for outcome, n in ended.items()},
+            "sources": dict(collections.Counter(source))}
+
+
 def format_group(name: str, stats: dict, width: int) -> list[str]:
     """One group's statistics as text lines: a headline, then outcomes, continuations and the label histogram."""
     headline = [f"{name}: {stats['rows']} rows"]
@@ -226,6 +243,13 @@ def format_group(name: str, stats: dict, width: int) -> list[str]:
     if "mean_k" in stats:
         lines.append(f"  k {stats['mean_k']:.2f}, continuations aborted {percent(stats['continuation_abort_rate'])}"
                      f", succeeded {percent(stats['continuation_success_rate'])}")
+    if "answers" in stats:
+        answers = stats["answers"]
+        ended = ", ".join(f"{outcome} {percent(rate)}" for outcome, rate in answers["ended"].items())
+        lines.append(f"  answers: {answers['distinct']} distinct, {answers['plays']} plays; accepted "
+                     f"{percent(answers['accepted'])} (of the plays {percent(answers['accepted_plays'])}); "
+                     f"plays ended {ended}")
+        lines.append("  first played in: " + ", ".join(f"{source} {n}" for source, n in answers["sources"].items()))
     if "label" in stats:
         label = stats["label"]
         lines.append(f"  label: mean {label['mean']:.3f}, std {label['std']:.3f}, "

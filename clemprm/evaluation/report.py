@@ -10,7 +10,9 @@
   the candidate-aware baselines' picks, on the PRM's held-out states (``prm`` of ``results/prm_eval.json``).
 
 Before them, ``warnings.html`` (:func:`write_warnings_page`, included at the top of the report's front page): every
-fail-fast condition a stage went on despite (``on_failure: continue``; ``upstream_warnings`` of the summary).
+fail-fast condition a stage went on despite (``on_failure: continue``; ``upstream_warnings`` of the summary), the
+summary's other warnings (a mode that searched with a PRM whose gate failed or was not judged), and the differences
+whose overall covers fewer games than were played.
 
 Inputs are read defensively: a figure whose data is missing says so instead of failing the report.
 
@@ -78,7 +80,7 @@ def _number(value) -> float:
 
 
 def plot_eval_scores(summary: dict, path: str | Path) -> None:
-    """Grouped bars: one panel per metric, groups = games + overall, one bar per mode, 95% CI whiskers."""
+    """Grouped bars: one panel per metric, groups = games + overall, one bar per mode, CI whiskers at eval.ci."""
     plt = _pyplot()
     entries = summary.get("modes") or {}
     modes = {mode: entries[mode].get("results") or {}
@@ -109,37 +111,59 @@ def plot_eval_scores(summary: dict, path: str | Path) -> None:
         axes[0].legend(fontsize="small", ncol=len(modes))
     axes[0].set_title(f"{summary.get('split', '?')} split: bars = point estimate, whiskers = "
                       f"{round(100 * (summary.get('bootstrap') or {}).get('ci', 0.95))}% bootstrap CI over instances")
-    if summary.get("warnings"):  # on_failure: continue let failed stages go on: say so on the figure
-        fig.suptitle("WARNING, failed stages went on (on_failure: continue):\n" + "\n".join(
+    if summary.get("warnings"):  # failed stages that went on (on_failure: continue), a PRM gate: say so on the figure
+        fig.suptitle("WARNING (warnings in prm_eval.json):\n" + "\n".join(
             warning[:140] for warning in summary["warnings"][:5]), color="red", fontsize="small")
     _save(plt, fig, path, drawn)
 
 
 def write_warnings_page(summary: dict, path: str | Path) -> None:
-    """An HTML block listing the summary's ``upstream_warnings`` (stage, game, condition, count, first error) in red,
-    or one line saying that no stage went on after a failure."""
+    """An HTML block for the top of the report's front page: the summary's ``upstream_warnings`` (stage, game,
+    condition, count, first error) in red, or one line saying that no stage went on after a failure; then, in red,
+    the warnings they imply or that stand beside them (a mode that searched with a PRM whose gate failed or was not
+    judged); then the differences whose overall covers fewer games than were played (:func:`partial_differences`)."""
     import html
 
     def cell(mark, column):
         return html.escape("-" if mark.get(column) is None else str(mark[column]))
 
+    box = '<div style="border: 3px solid #c00; color: #900; padding: 0.5em 1em; margin-bottom: 1em">\n'
     marks = summary.get("upstream_warnings") or []
     columns = ("stage", "game", "condition", "count", "first_error")
-    # what the marks imply beyond them (e.g. the modes that searched with a PRM that did not pass its gate)
+    # what the marks imply beyond them, and the PRM gate's verdict (a mode that searched with a PRM that did not pass)
     implied = [w for w in summary.get("warnings") or [] if w not in {mark.get("message") for mark in marks}]
     if marks:
         header = "".join(f"<th>{column.replace('_', ' ')}</th>" for column in columns)
         rows = "".join("<tr>" + "".join(f"<td>{cell(mark, column)}</td>" for column in columns) + "</tr>\n"
                        for mark in marks)
-        text = ('<div style="border: 3px solid #c00; color: #900; padding: 0.5em 1em; margin-bottom: 1em">\n'
-                f"<p><strong>WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue); the "
+        text = (box + f"<p><strong>WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue); the "
                 f"results of this report are built on them.</strong></p>\n"
-                f"<table>\n<tr>{header}</tr>\n{rows}</table>\n"
-                + "".join(f"<p>{html.escape(warning)}</p>\n" for warning in implied) + "</div>\n")
+                f"<table>\n<tr>{header}</tr>\n{rows}</table>\n</div>\n")
     else:
         text = "<p>No stage went on after a failure: every fail-fast check passed.</p>\n"
+    if implied:
+        text += box + "".join(f"<p><strong>WARNING:</strong> {html.escape(warning)}</p>\n" for warning in implied)
+        text += "</div>\n"
+    partial = partial_differences(summary)
+    if partial:
+        text += ("<p>Differences over the games both modes have a figure for (the mean of the per-game differences; "
+                 "a mode that played no episode of a game has no quality there):</p>\n<ul>\n"
+                 + "".join(f"<li>{html.escape(line)}</li>\n" for line in partial) + "</ul>\n")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
+
+
+def partial_differences(summary: dict) -> list[str]:
+    """One line per overall difference of ``prm_eval.json`` that covers fewer games than its modes were played on
+    (its ``games``), e.g. ``best_of_n - best_of_n_logprob: quality over 2 of 3 games``."""
+    lines = []
+    for control, modes in (summary.get("differences") or {}).items():
+        for mode, groups in modes.items():
+            total = len(groups) - 1   # every group but overall
+            for metric, games in ((groups.get("overall") or {}).get("games") or {}).items():
+                if games < total:
+                    lines.append(f"{mode} - {control}: {metric} over {games} of {total} games")
+    return lines
 
 
 def read_soft_labels(path: str | Path) -> dict[str, list[float]]:
@@ -306,7 +330,7 @@ SELF_CORRECTION_BARS = (("accuracy_t1", "Acc@t1"), ("accuracy_t2", "Acc@t2"), ("
 
 def plot_self_correction(summary: dict, score_metrics: dict, path: str | Path) -> None:
     """Eval mode ``self_correct`` and SCoRe's training: left, overall accuracy at attempts 1 and 2, the wrong -> right
-    and right -> wrong shares and % played per attempt, SFT vs SCoRe policy, with 95% CI whiskers; right, the mean
+    and right -> wrong shares and % played per attempt, SFT vs SCoRe policy, with CI whiskers (eval.ci); right, the mean
     reward of attempts 1 and 2 per training step, stage I then stage II."""
     plt = _pyplot()
     fig, (bars, curve) = plt.subplots(1, 2, figsize=(11, 4))

@@ -14,22 +14,32 @@ instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.sea
 Every claim is a paired difference (the PRM minus a baseline within states, a search minus its control), judged
 only on its mean over at least ``MIN_SEEDS`` seeds (fewer: not judged, whatever one seed shows): it holds when the
 mean's 95% interval clears 0 in the claimed direction (:func:`clemprm.stats.mean_over_seeds`: the wider of the
-seeds' spread and the seeds' own intervals), not when the point estimate merely lies on the right side. A mean is
+seeds' spread and the seeds' own intervals, each read at the level it was made at and combined as fully correlated:
+every seed is tested on the same test instances), not when the point estimate merely lies on the right side. A mean is
 taken only over seeds that all have the figure (a figure missing in one seed has no mean), so that the two sides of
 a claim always average the same seeds. ``scripts/learning_benchmark.py`` runs the seeds and writes the
-table.
+table; its arguments are checked here before any seed runs (:func:`check_plan`, :func:`read_added`), and a table
+with nothing measured is refused (:func:`measured_rows`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
+from clemprm.config import ConfigError, read_config_file
+from clemprm.evaluation.console import SummaryError, read_summary
 from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.stats import OVERALL, mean_over_seeds
 
 MIN_SEEDS = 3   # a claim is judged on the mean over at least this many seeds
+CLAIM_CI = 0.95   # the level of a claim's interval over seeds
+# the level of a seed's interval written without one: the rows of tables made before a row recorded it, every one
+# made at 0.95 (eval.ci and prm.ci of the config, which the learning benchmark keeps)
+UNMARKED_LEVEL = 0.95
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
 DIFFERENCE_METRICS = ("percent_played", "quality")
 RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
@@ -47,19 +57,24 @@ def _value(estimate: dict | None) -> float:
     return math.nan if value is None else float(value)
 
 
-def _interval(estimate: dict | None) -> str | None:
+def _interval(estimate: dict | None, level: float | None = None) -> str | None:
+    """``95% [-0.100, +0.200]``: an interval as a seed row holds it, led by the level it was made at."""
     if not estimate or estimate.get("ci_low") is None:
         return None
-    return f"[{estimate['ci_low']:+.3f}, {estimate['ci_high']:+.3f}]"
+    bounds = f"[{estimate['ci_low']:+.3f}, {estimate['ci_high']:+.3f}]"
+    return bounds if level is None else f"{100 * level:g}% {bounds}"
 
 
 def _estimate(row: dict, key: str) -> dict:
-    """A seed's figure under ``key`` with the interval :func:`_interval` wrote under ``key/ci``, read back."""
+    """A seed's figure under ``key`` with the interval :func:`_interval` wrote under ``key/ci`` and its level, read
+    back (an interval without a level is read at :data:`UNMARKED_LEVEL`)."""
     value, interval = row.get(key, math.nan), row.get(f"{key}/ci")
     if isinstance(value, str) or math.isnan(value) or interval is None:
         return {"value": None, "ci_low": None, "ci_high": None}
-    low, high = (float(bound) for bound in interval.strip("[]").split(","))
-    return {"value": value, "ci_low": low, "ci_high": high}
+    level, _, bounds = interval.rpartition(" [")
+    low, high = (float(bound) for bound in bounds.strip("[]").split(","))
+    return {"value": value, "ci_low": low, "ci_high": high,
+            "level": float(level.rstrip("%")) / 100 if level else UNMARKED_LEVEL}
 
 
 def prm_regime(summary: dict) -> str | None:
@@ -75,8 +90,9 @@ def seed_row(summary: dict) -> dict[str, float | str]:
     """The benchmark's figures of one run's summary, flat, each key led by its regime:
     ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/ranking/prm-<scorer>/<metric>`` and
     ``<regime>/difference/<search>-<control>/<metric>`` (each difference with its paired interval as text under the
-    same key + ``/ci``), ``<regime>/gate``. A run holds one PRM, so one regime's ranking;
-    its modes may hold either regime's searches (each mode's own mark decides)."""
+    same key + ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``), ``<regime>/gate``. A
+    run holds one PRM, so one regime's ranking; its modes may hold either regime's searches (each mode's own mark
+    decides)."""
     row: dict[str, float | str] = {}
     regime = prm_regime(summary)
     if regime is not None:
@@ -89,7 +105,7 @@ def seed_row(summary: dict) -> dict[str, float | str]:
             for metric in RANKING_METRICS:
                 difference = (groups.get(OVERALL) or {}).get(metric)
                 row[f"{regime}/ranking/prm-{scorer}/{metric}"] = _value(difference)
-                if interval := _interval(difference):
+                if interval := _interval(difference, ranking.get("ci")):   # prm.ci
                     row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
     differences = summary.get("differences") or {}
@@ -103,7 +119,7 @@ def seed_row(summary: dict) -> dict[str, float | str]:
                 for metric in DIFFERENCE_METRICS:
                     key = f"{mode_regime}/difference/{search}-{control}/{metric}"
                     row[key] = _value(overall.get(metric))
-                    if interval := _interval(overall.get(metric)):
+                    if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
                         row[f"{key}/ci"] = interval
     return row
 
@@ -160,12 +176,12 @@ def claim_differences() -> dict[str, tuple[str, int]]:
 
 
 def claims(rows: dict[int, dict]) -> dict[str, dict]:
-    """Each claim's paired difference, its mean over the seeds with a 95% interval
+    """Each claim's paired difference, its mean over the seeds with a :data:`CLAIM_CI` (95%) interval
     (:func:`clemprm.stats.mean_over_seeds`), and whether it holds: the interval clears 0 in the claimed direction
     (None: not judged, with fewer than ``MIN_SEEDS`` seeds or where a seed lacks the figure)."""
     result = {}
     for claim, (key, sign) in claim_differences().items():
-        mean = mean_over_seeds([_estimate(row, key) for row in rows.values()])
+        mean = mean_over_seeds([_estimate(row, key) for row in rows.values()], CLAIM_CI)
         holds = None
         if len(rows) >= MIN_SEEDS and mean["value"] is not None:
             holds = bool(mean["ci_low"] > 0 if sign > 0 else mean["ci_high"] < 0)
@@ -197,11 +213,108 @@ def markdown(table: dict) -> str:
         lines += ["", "No mean (a seed lacks the figure): " + ", ".join(table["incomplete"])]
     unjudged = (f"not judged ({len(seeds)} seed{'s' if len(seeds) != 1 else ''}; {MIN_SEEDS} needed)"
                 if len(seeds) < MIN_SEEDS else "n/a")
-    lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds: its 95% interval clears 0) "
-              "| mean difference [95% interval] | holds |", "|---|---|---|"]
+    level = f"{100 * CLAIM_CI:g}%"
+    lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds: its {level} interval clears 0) "
+              f"| mean difference [{level} interval] | holds |", "|---|---|---|"]
     for claim, judged in table["claims"].items():
         mean = judged["mean"]
         shown = "n/a" if mean["value"] is None else f"{mean['value']:+.3f} {_interval(mean)}"
         holds = unjudged if judged["holds"] is None else "yes" if judged["holds"] else "no"
         lines.append(f"| {claim} | {shown} | {holds} |")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark's runs
+
+
+class BenchmarkError(ValueError):
+    """An argument of scripts/learning_benchmark.py that cannot be used (the message names it and what to do)."""
+
+
+REGIMES = ("blind", "lookahead")   # the order the regimes run in: a lookahead run starts from its blind run
+
+
+def seed_dir(workdir: Path, seed: int, regime: str) -> Path:
+    """The run of one seed in one regime: ``WORKDIR/seed-<seed>/<regime>/``."""
+    return Path(workdir) / f"seed-{seed}" / regime
+
+
+def regimes_in_order(regimes: list[str]) -> list[str]:
+    """``--regimes`` in the order they run, whatever order they were given in (blind first)."""
+    return [regime for regime in REGIMES if regime in regimes]
+
+
+def check_plan(workdir: Path, seed_list: list[int], regimes: list[str], configs: dict[str, str]) -> None:
+    """Before any seed runs (a benchmark of hours fails now, not at its last seed): each config file
+    (``configs``: option -> file) reads as a config file (:func:`clemprm.config.read_config_file`), and where the
+    lookahead regime runs without the blind one, each seed's blind run is there to start from (its results and
+    Snakemake's metadata) or its lookahead run was started before. :class:`BenchmarkError` naming the option."""
+    for option, path in configs.items():
+        try:
+            read_config_file(path)
+        except ConfigError as error:
+            raise BenchmarkError(f"{option}: {error}") from error
+    if "lookahead" not in regimes or "blind" in regimes:
+        return
+    lacking = [seed for seed in seed_list if not seed_dir(workdir, seed, "lookahead").exists()
+               and not all((seed_dir(workdir, seed, "blind") / part).is_dir() for part in ("results", ".snakemake"))]
+    if lacking:
+        raise BenchmarkError(f"--regimes lookahead: a lookahead run starts from the seed's blind run, and seed(s) "
+                             f"{', '.join(map(str, lacking))} have none under {workdir} (e.g. "
+                             f"{seed_dir(workdir, lacking[0], 'blind')}): run --regimes blind lookahead")
+
+
+def read_added(paths: list[str]) -> dict[int, dict]:
+    """The per-seed rows of the tables ``--add`` names (seeds.json files :func:`seeds_table` made elsewhere), a later
+    file's seed over an earlier one's; :class:`BenchmarkError` naming a file that is missing, not JSON, or no such
+    table."""
+    rows = {}
+    for path in paths:
+        try:
+            table = json.loads(Path(path).read_bytes())
+        except OSError as error:
+            raise BenchmarkError(f"--add {path}: cannot read it ({error.strerror})") from error
+        except ValueError as error:
+            raise BenchmarkError(f"--add {path}: not JSON ({error}); give a seeds.json of this benchmark") from error
+        per_seed = table.get("seeds") if isinstance(table, dict) else None
+        if (not isinstance(per_seed, dict) or not per_seed or not all(seed.isdigit() for seed in per_seed)
+                or not all(isinstance(row, dict) for row in per_seed.values())):
+            raise BenchmarkError(f"--add {path}: not a table of this benchmark with a seed in it (a seeds.json holds "
+                                 f"\"seeds\": {{seed: its figures}}); give the WORKDIR/seeds.json that "
+                                 f"scripts/learning_benchmark.py wrote")
+        rows.update(rows_of(table))
+    return rows
+
+
+def measured_rows(workdir: Path, seed_list: list[int], regimes: list[str],
+                  added: dict[int, dict]) -> tuple[dict[int, dict], list[str]]:
+    """The table's rows: ``added`` (:func:`read_added`) joined with each seed's runs under ``workdir`` in
+    ``regimes`` (:func:`seed_row` of its prm_eval.json, and the commit that made it); and a warning for each run
+    whose summary is missing and that no added row stands for (its figures are n/a in the table).
+    :class:`BenchmarkError` for a summary that is not a prm_eval.json, and when nothing at all was measured: a table
+    of n/a says nothing."""
+    rows, warnings = dict(added), []
+    for seed in seed_list:
+        row = {}
+        for regime in regimes:
+            path = seed_dir(workdir, seed, regime) / "results" / "prm_eval.json"
+            if not path.is_file():
+                if not any(key.startswith(f"{regime}/") for key in added.get(seed, {})):
+                    warnings.append(f"seed {seed}, {regime}: no {path}: its figures are n/a in the table (run it "
+                                    f"without --table-only, or --add the seeds.json of a run elsewhere)")
+                continue
+            try:
+                summary = read_summary(path)
+            except SummaryError as error:
+                raise BenchmarkError(f"seed {seed}, {regime}: {error}") from error
+            ran_on = path.parent.parent / "commit.txt"
+            row.update(seed_row(summary))
+            row[f"{regime}/commit"] = ran_on.read_text().strip() if ran_on.is_file() else "unknown"
+        if row:
+            rows[seed] = join_row(rows.get(seed, {}), row)
+    if not rows:
+        raise BenchmarkError(f"nothing to tabulate: no seed of --seeds {' '.join(map(str, seed_list))} has a "
+                             f"prm_eval.json under {workdir} ({seed_dir(workdir, '<seed>', '<regime>')}/results/"
+                             f"prm_eval.json) and --add gave no table: run the seeds (without --table-only), or give "
+                             f"--workdir the folder that holds them")
+    return rows, warnings

@@ -6,6 +6,11 @@ game registry finds it (a ``clemgame.json`` holding one spec or a list of specs,
 :data:`MAX_SPEC_DEPTH` folders deep, skipping the folders clemcore skips); its instances file is the one its spec
 names (``"instances": "instances_withclue"``, default ``instances``), or the one ``games.instances_files`` chooses
 for it. Without an instance list its instances are assigned to splits by a stable hash of the key (70/15/15).
+
+A run's seed draws which instances of a split it plays (:meth:`GameCatalog.instances`): each experiment's instances
+in an order shuffled by the seed, the split and the game and experiment (not by other games), then interleaved and
+capped by ``games.max_instances``. A split used whole is the same set for every seed (in a drawn order); a capped
+split is a draw, and every stage of a run takes the same one (each passes the run's ``seed``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import random
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
 from clemprm.games import SPLITS, builtin_game_dir
+from clemprm.stats import derive_seed
 
 
 @dataclass(frozen=True)
@@ -120,13 +127,32 @@ def instances_file(game_dir: Path, spec: dict, chosen: str | None = None) -> Pat
     return path
 
 
-def experiment_names(path: Path) -> set[str]:
-    """The names of the experiments an instances file holds; ValueError naming the file when it cannot be read."""
+def instance_rows(path: Path, game: str) -> list[tuple[dict, dict]]:
+    """Every ``(experiment, instance)`` pair of an instances file of ``game``, in file order. Read as UTF-8 with or
+    without a byte-order mark (an editor on Windows writes one; ``json`` refuses it). ValueError naming the file when
+    it cannot be read, and naming game, experiment and id when a ``game_id`` repeats within an experiment: the
+    instance key ``(game, experiment, game_id)`` then names two instances, and their episodes and branch points would
+    share ids."""
     try:
-        return {experiment["name"] for experiment in json.loads(Path(path).read_text(encoding="utf-8"))["experiments"]}
+        experiments = json.loads(Path(path).read_text(encoding="utf-8-sig"))["experiments"]
+        rows = [(experiment, instance) for experiment in experiments for instance in experiment["game_instances"]]
+        keys = [(experiment["name"], int(instance["game_id"])) for experiment, instance in rows]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"instances file {path}: cannot read its experiments ({type(error).__name__}: {error})") \
+        raise ValueError(f"instances file {path}: cannot read its instances ({type(error).__name__}: {error})") \
             from error
+    seen = set()
+    for experiment, game_id in keys:
+        if (experiment, game_id) in seen:
+            raise ValueError(f"instances file {path}: game {game!r}, experiment {experiment!r}: game_id {game_id} is "
+                             f"used by two instances (an instance is known by game, experiment and game_id: give "
+                             f"each instance of an experiment its own game_id)")
+        seen.add((experiment, game_id))
+    return rows
+
+
+def experiment_names(path: Path, game: str) -> set[str]:
+    """The names of the experiments an instances file of ``game`` holds (:func:`instance_rows`' errors)."""
+    return {experiment["name"] for experiment, _ in instance_rows(path, game)}
 
 
 def _round_robin(rows_by_experiment: dict[str, list]) -> list:
@@ -135,11 +161,14 @@ def _round_robin(rows_by_experiment: dict[str, list]) -> list:
 
 
 class GameCatalog:
-    """Loads game benchmarks once and lists instances per split; the engine asks it for game masters."""
+    """Loads game benchmarks once and lists instances per split; the engine asks it for game masters. ``seed``: the
+    run's seed, which draws the instances of each split (every stage passes it); None lists them in file order
+    (tools and tests that look at a game's instances)."""
 
-    def __init__(self, games_config: dict):
+    def __init__(self, games_config: dict, seed: int | None = None):
         from clemprm.play.clemcore_setup import load_game_benchmark  # clemcore import is slow: only when used
         self.config = games_config
+        self.seed = seed
         self.game_dirs: dict[str, Path] = {name: builtin_game_dir(name) for name in games_config["builtin"]}
         self.instance_files: dict[str, Path] = {}  # clembench games: the one instances file played
         clembench_games = games_config.get("clembench_games", [])
@@ -174,11 +203,8 @@ class GameCatalog:
     def _raw_rows(self, game: str, split: str) -> list[tuple[dict, dict]]:
         """(experiment, instance) pairs of ``split`` as the game's files hold them."""
         if game not in self.instance_files:  # a built-in game: one file per split
-            split_file = self.game_dirs[game] / "in" / f"instances_{split}.json"
-            experiments = json.loads(split_file.read_text())["experiments"]
-            return [(exp, inst) for exp in experiments for inst in exp["game_instances"]]
-        experiments = json.loads(self.instance_files[game].read_text(encoding="utf-8"))["experiments"]
-        rows = [(exp, inst) for exp in experiments for inst in exp["game_instances"]]
+            return instance_rows(self.game_dirs[game] / "in" / f"instances_{split}.json", game)
+        rows = instance_rows(self.instance_files[game], game)
         if self.instance_list is not None:  # the list assigns the splits
             return rows
         return [(exp, inst) for exp, inst in rows if hash_split(game, exp["name"], inst["game_id"]) == split]
@@ -195,8 +221,9 @@ class GameCatalog:
         return set(selected)
 
     def instances(self, game: str, split: str) -> list[Instance]:
-        """Instances of ``game`` in ``split``: filtered by games.experiments and the instance list, capped by
-        games.max_instances."""
+        """Instances of ``game`` in ``split``: filtered by games.experiments and the instance list, each experiment's
+        in the order the catalog's seed draws (file order without one), interleaved round-robin over experiments and
+        capped by games.max_instances. A prefix of the list is a draw too (the held-out instances)."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
         experiments = self.experiments(game)
@@ -212,6 +239,9 @@ class GameCatalog:
                 experiment["parse_mode"] = self.parse_mode(game)
             by_experiment.setdefault(experiment["name"], []).append(
                 Instance(game, split, experiment, copy.deepcopy(instance)))
+        if self.seed is not None:
+            for name, rows in by_experiment.items():
+                random.Random(derive_seed(self.seed, "instances", split, game, name)).shuffle(rows)
         return _round_robin(by_experiment)[: self.config["max_instances"][split]]
 
     def all_instances(self, split: str) -> list[Instance]:

@@ -33,12 +33,14 @@ class Pair(NamedTuple):
     """What a scorer sees of one candidate: the perspective of the player who answers and the candidate; in
     lookahead also what the candidate's fork shows: the game's reply to it (:meth:`RolloutEngine.game_reply`,
     ``Game over: won|lost|aborted.`` when it ended the game) and whether the game accepted it. Blind pairs have
-    ``reply`` and ``accepted`` None."""
+    ``reply`` and ``accepted`` None. ``slot``: the candidate's index among the turn's N samples (what a random pick
+    draws; a model scores the text and ignores it)."""
 
     perspective: list[dict]
     candidate: str
     reply: str | None = None
     accepted: bool | None = None
+    slot: int = 0
 
 
 @dataclass
@@ -57,8 +59,11 @@ class SearchCost:
 
 
 class RandomScorer:
-    """The control for a PRM: a uniform random score per pair, a function of ``seed`` and the pair alone, so a
-    search with it picks among the very candidates the PRM-guided search saw, at random (no model, no cost)."""
+    """The control for a PRM: a uniform random score per candidate slot, a function of ``seed``, the turn (the
+    perspective) and the slot alone, never of the text, so a search with it plays one of the N samples at random:
+    an answer the policy gave twice is picked twice as often (the policy's own distribution; a score of the text
+    would pick uniformly over distinct answers). It picks among the very candidates the PRM-guided search saw (no
+    model, no cost)."""
 
     stats = None
 
@@ -67,7 +72,7 @@ class RandomScorer:
 
     def score(self, pairs: list[Pair]) -> list[float]:
         return [derive_seed(self.seed, "random scorer", [(m["role"], m["content"]) for m in pair.perspective],
-                            pair.candidate) / 2 ** 63 for pair in pairs]
+                            pair.slot) / 2 ** 63 for pair in pairs]
 
 
 class RuleScorer:
@@ -111,7 +116,7 @@ def score_blind(engine, prm, episodes: list, proposals: list[list]) -> list[list
         perspective = engine.waiting(episode)[1] if candidates else None
         for j, candidate in enumerate(candidates):
             if candidate.error is None:
-                pairs.append(Pair(perspective, candidate.text))
+                pairs.append(Pair(perspective, candidate.text, slot=j))
                 slots.append((index, j))
     return _score_slots(prm, proposals, pairs, slots)
 
@@ -126,6 +131,6 @@ def score_forks(engine, prm, episodes: list, proposals: list[list], children: li
         for j, child in enumerate(played):
             if child.error is None:   # a failed generation failed its fork too (engine.apply)
                 turn = child.turns[-1]
-                pairs.append(Pair(perspective, candidates[j].text, turn["reply"], turn["parse_ok"]))
+                pairs.append(Pair(perspective, candidates[j].text, turn["reply"], turn["parse_ok"], j))
                 slots.append((index, j))
     return _score_slots(prm, proposals, pairs, slots)

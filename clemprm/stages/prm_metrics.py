@@ -11,11 +11,13 @@ same state, ``state_id``), the pairwise accuracy over sibling pairs with differe
 game and pooled, with bootstrap intervals over instances resampled within each game (:mod:`clemprm.stats`; the same
 draws for every scorer, so their intervals compare on equal terms).
 
-:func:`quality_gate` decides from these whether the PRM learned anything a search can use: "better than a baseline"
-means that the paired bootstrap interval of the difference clears 0.
+:func:`quality_gate` decides from these whether the PRM learned anything a search can use (passed, failed, or not
+judged where the held-out evidence is too thin: no evidence is no pass): "better than a baseline" means that the
+paired bootstrap interval of the difference clears 0.
 
-An example here is anything with ``label`` (float), ``key`` (its instance ``(game, experiment, game_id)``) and
-``state_id``.
+An example here is anything with ``label`` (float), ``key`` (its instance ``(game, experiment, game_id)``),
+``state_id`` and ``multiplicity`` (how many of its state's sampled answers it is; the ranking weighs each sibling by
+it, so that a random pick is one of the N samples at random, :func:`sibling_statistics`).
 """
 
 from __future__ import annotations
@@ -99,20 +101,26 @@ def rank_metrics(scores: list[float], labels: list[float]) -> dict | None:
             "auroc": stats.auroc(scores, labels)}
 
 
-def sibling_statistics(scores: list[float], labels: list[float]) -> tuple[float, int, float]:
+def sibling_statistics(scores: list[float], labels: list[float],
+                       multiplicities: list[int] | None = None) -> tuple[float, int, float]:
     """``(concordant, pairs, regret)`` of one prefix's siblings: over the sibling pairs with different labels,
     1 when the higher-labelled one scores higher, 1/2 on a score tie; and the best label minus the label of the
-    pick, the top score (ties: their mean label, what a random tie-break picks on average)."""
+    pick, the top score (ties: their mean label, what a random tie-break picks on average). With ``multiplicities``
+    (how many of the state's samples each sibling is, the records' ``multiplicity``) the siblings count as the
+    samples they are: a pair weighs ``m_a * m_b`` (the pairs of samples), and a tie at the top is broken by a random
+    sample (the tied labels' mean weighted by multiplicity), so a scorer that ties every sibling picks what a random
+    one of the N samples has: the multiplicity-weighted mean label. Without them, each sibling counts once."""
+    weights = multiplicities or [1] * len(labels)
     concordant, pairs = 0.0, 0
     for i in range(len(labels)):
         for j in range(i + 1, len(labels)):
             if labels[i] != labels[j]:
-                pairs += 1
+                pairs += weights[i] * weights[j]
                 agree = (scores[i] - scores[j]) * (labels[i] - labels[j])
-                concordant += 1.0 if agree > 0 else 0.5 if scores[i] == scores[j] else 0.0
+                concordant += weights[i] * weights[j] * (1.0 if agree > 0 else 0.5 if scores[i] == scores[j] else 0.0)
     top = max(scores)
-    picked = [label for score, label in zip(scores, labels) if score == top]
-    return concordant, pairs, max(labels) - sum(picked) / len(picked)
+    picked = [(label, weight) for score, label, weight in zip(scores, labels, weights) if score == top]
+    return concordant, pairs, max(labels) - sum(label * weight for label, weight in picked) / sum(w for _, w in picked)
 
 
 def states_with_siblings(examples: list) -> list[list[int]]:
@@ -127,7 +135,8 @@ def orientation(examples: list, scores: list[float]) -> int:
     concordant = pairs = 0
     for group in states_with_siblings(examples):
         group_concordant, group_pairs, _ = sibling_statistics([scores[i] for i in group],
-                                                              [examples[i].label for i in group])
+                                                              [examples[i].label for i in group],
+                                                              [examples[i].multiplicity for i in group])
         concordant, pairs = concordant + group_concordant, pairs + group_pairs
     return -1 if pairs and concordant < pairs / 2 else 1
 
@@ -156,12 +165,18 @@ def ranking_metrics(examples: list, scorers: dict[str, list[float]], samples: in
     to ``best_label``, the mean label of the best sibling), overall (pooled over states) and per game, with
     percentile bootstrap intervals over instances resampled within each game (:func:`clemprm.stats.bootstrap`).
     With a ``prm`` scorer, ``differences`` holds ``prm - <scorer>`` for every other scorer on the same draws (paired:
-    what the quality gate decides on)."""
+    what the quality gate decides on). The metrics weigh each sibling by its multiplicity (:func:`sibling_statistics`;
+    a scorer's ``pairs``: the pairs of samples they cover); ``pairs_with_different_labels`` counts distinct answer
+    pairs, the evidence (a repeated answer is one answer labelled once), and ``ranked_instances`` per game the
+    instances holding such a pair (:func:`ranking_evidence`); ``ci`` is the intervals' level."""
     groups = states_with_siblings(examples)
     instances = sorted({examples[g[0]].key for g in groups})
+    ranked = {examples[g[0]].key for g in groups if len({examples[i].label for i in g}) > 1}
     result = {"prefixes": len(groups), "siblings": sum(map(len, groups)), "instances": len(instances),
               "pairs_with_different_labels": sum(sibling_statistics([0.0] * len(g), [examples[i].label for i in g])[1]
                                                  for g in groups),
+              # per game, the instances with a differently labelled sibling pair (the gate's evidence)
+              "ranked_instances": dict(sorted(collections.Counter(key[0] for key in ranked).items())), "ci": ci,
               "best_label": {}, "scorers": {}, "differences": {}}
     if not groups:
         return result
@@ -171,7 +186,8 @@ def ranking_metrics(examples: list, scorers: dict[str, list[float]], samples: in
         sums = pd.DataFrame(0.0, index=index, columns=list(SIBLING_SUMS))
         for g in groups:
             labels = [examples[i].label for i in g]
-            concordant, pairs, regret = sibling_statistics([scores[i] for i in g], labels)
+            concordant, pairs, regret = sibling_statistics([scores[i] for i in g], labels,
+                                                           [examples[i].multiplicity for i in g])
             sums.loc[examples[g[0]].key] += (concordant, pairs, regret, 1, max(labels))
         tables[name] = stats.split_by_game(sums)
         estimates = stats.bootstrap(tables[name], sibling_sums_statistic, samples, seed, ci)
@@ -194,45 +210,72 @@ GATE_BASELINES = {   # the baselines a PRM must beat within states, by what it r
     "candidate_with_reply": ("candidate_length", "policy_logprob", "constant_mean", "rule"),
 }
 RIVAL_NAMES = {"constant_mean": "random pick"}   # constant_mean ties every sibling: a random pick's expectation
-# Held-out sibling pairs with different labels the ranking checks need: with fewer, even a PRM right on every pair is
-# not clearly better than chance (a sign test: 6 of 6 right, p 0.03 two-sided; 5 of 5, 0.06), while the bootstrap
-# interval over so few states degenerates (1 pair: [1.000, 1.000], "clearly better" on no evidence)
+# The least evidence the ranking checks are judged on. Sibling pairs with different labels: with fewer, even a PRM
+# right on every pair is not clearly better than chance (a sign test: 6 of 6 right, p 0.03 two-sided; 5 of 5, 0.06).
+# Ranked instances (with such a pair) in every game that has any: the bootstrap resamples instances within each game,
+# so a game of one instance never varies, and with one per game the interval has no width at all ("clearly better" on
+# a point estimate: a random PRM on random labels passed 21 of 100 such draws). With at least this many per game it
+# passed at most 5 % of simulated draws (tests/test_prm.py, the random-PRM simulation).
 MIN_RANKED_PAIRS = 6
+MIN_RANKED_INSTANCES = 3
+
+
+def ranking_evidence(ranking: dict) -> str | None:
+    """Why ``ranking`` (of :func:`ranking_metrics`) is too little evidence to judge a ranking on, None when it is
+    enough: at least :data:`MIN_RANKED_PAIRS` differently labelled sibling pairs, and in every game with such pairs at
+    least :data:`MIN_RANKED_INSTANCES` instances holding them."""
+    pairs = ranking.get("pairs_with_different_labels") or 0   # siblings that share a label rank nothing
+    if pairs < MIN_RANKED_PAIRS:
+        return (f"{pairs} held-out sibling pairs with different labels; at least {MIN_RANKED_PAIRS} needed to judge a "
+                f"ranking")
+    sparse = {game: n for game, n in (ranking.get("ranked_instances") or {}).items() if n < MIN_RANKED_INSTANCES}
+    if sparse:
+        counts = ", ".join(f"{game} {n}" for game, n in sparse.items())
+        return (f"held-out instances with differently labelled siblings: {counts}; at least {MIN_RANKED_INSTANCES} "
+                f"per game needed for an interval over instances (hold out more instances of those games: "
+                f"branch_points.validation_instances)")
+    return None
 
 
 def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_input: str = "candidate",
-                 nonfinite: dict | None = None) -> dict:
+                 nonfinite: dict | None = None, probabilities: bool = False) -> dict:
     """Whether the trained PRM learned something a search can use, from its metrics on the ranked (held-out) side:
 
     * ``finite``: its predictions are numbers (a PRM whose training diverged predicts NaN);
     * ``spread``: its predictions vary at least ``gate.min_spread_ratio`` as much as the labels (standard deviations);
       a PRM that collapsed to the base rate predicts nearly one value for every pair;
-    * ``mean``: its mean prediction is within ``gate.max_mean_gap`` of the mean label;
+    * ``mean`` (calibration): its mean prediction is within ``gate.max_mean_gap`` of the mean label. It decides only
+      with ``probabilities`` (a configured search multiplies the PRM's values as probabilities:
+      :func:`clemprm.modes.probability_search`); a search that takes the argmax among the siblings of one state, or
+      compares beams by their last or worst score, reads only the PRM's order, which no offset changes: there it is
+      reported (``reported``) and decides nothing;
     * ``pairwise_accuracy`` and ``top1_regret``: within states, it ranks siblings better than each baseline of
       :data:`GATE_BASELINES` (the candidate's length and the policy's log-probability, each read the way round its
       train side supports, a random pick, and for a PRM that reads the game's answer the rule reading the same
       answer), and pairwise better than chance (0.5). Better means that the paired bootstrap interval of the
-      difference (``ranking["differences"]``, the same resampled instances for both) lies wholly on the better side
-      of 0, and the PRM's own interval above 0.5: a point estimate ahead by luck does not pass (a random scorer on 40
-      states of 4 siblings beat the baselines' point estimates in 6 of 60 draws). Matching a baseline that is already
-      perfect is enough. Judged on at least :data:`MIN_RANKED_PAIRS` sibling pairs with different labels.
+      difference (``ranking["differences"]``, the same resampled instances for both, at level ``prm.ci``) lies
+      wholly on the better side of 0, and the PRM's own interval above 0.5: a point estimate ahead by luck does not
+      pass. Matching a baseline that is already perfect is enough. Judged only on enough evidence
+      (:func:`ranking_evidence`).
 
-    Returns ``{"status", "checks": [{"check", "passed", "value", "threshold", "baseline", "message"}],
-    "not_measured"}``, ``status`` ``failed`` when a check failed, ``passed`` when the checks made all passed, and
-    ``not_measured`` when the data decided none: a check the data cannot decide (no held-out labels, no states with
-    differently labelled siblings) is named in ``not_measured``; the gate fails only on evidence."""
-    checks, not_measured = [], []
+    Returns ``{"status", "checks": [{"check", "passed", "value", "threshold", "baseline", "message"}], "reported",
+    "not_judged"}``, ``status`` ``failed`` when a check failed, ``not_judged`` when
+    none failed but the data could not decide one (named in ``not_judged``: no held-out labels with spread, too
+    little ranking evidence): no evidence is no pass; ``passed`` when every check was judged and passed."""
+    checks, reported, not_judged = [], [], []
 
-    def add(name: str, passed: bool, value: float, threshold: float, baseline: str | None, message: str) -> None:
-        checks.append({"check": name, "passed": bool(passed), "value": round(float(value), 6),
-                       "threshold": round(float(threshold), 6), "baseline": baseline, "message": message})
+    def add(name: str, passed: bool, value: float, threshold: float, baseline: str | None, message: str,
+            into: list = checks) -> None:
+        into.append({"check": name, "passed": bool(passed), "value": round(float(value), 6),
+                     "threshold": round(float(threshold), 6), "baseline": baseline, "message": message})
 
     if nonfinite and any(nonfinite.values()):
         count = sum(nonfinite.values())
         add("finite", False, count, 0, None, f"{count} predictions are not finite numbers "
             f"({', '.join(f'{side} {n}' for side, n in nonfinite.items() if n)}): the training diverged (lower prm.lr "
             f"or raise prm.warmup_ratio)")
-        return {"status": "failed", "checks": checks, "not_measured": ["every other check: no finite predictions"]}
+        return {"status": "failed", "checks": checks, "reported": reported,
+                "not_judged": ["every other check: no finite predictions"]}
     if held_out and held_out.get("std_label"):
         ratio = held_out["std_prediction"] / held_out["std_label"]
         add("spread", ratio >= gate["min_spread_ratio"], ratio, gate["min_spread_ratio"], None,
@@ -241,15 +284,16 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
         gap = abs(held_out["mean_prediction"] - held_out["mean_label"])
         add("mean", gap <= gate["max_mean_gap"], gap, gate["max_mean_gap"], None,
             f"held-out mean prediction {held_out['mean_prediction']:.4f} vs mean label {held_out['mean_label']:.4f} "
-            f"(gap {gap:.4f}; at most {gate['max_mean_gap']})")
+            f"(gap {gap:.4f}; at most {gate['max_mean_gap']})" + ("" if probabilities else
+            "; reported, not decisive: no configured search multiplies the PRM's values as probabilities"),
+            into=checks if probabilities else reported)
     else:
-        not_measured.append("spread and mean: no held-out labels with any spread")
+        not_judged.append("spread and mean: no held-out labels with any spread")
 
     ranking = ranking or {}
-    pairs = ranking.get("pairs_with_different_labels") or 0   # siblings that share a label rank nothing
-    measured = pairs >= MIN_RANKED_PAIRS
-    scorers = (ranking.get("scorers") or {}) if measured else {}
-    differences = (ranking.get("differences") or {}) if measured else {}
+    too_little = ranking_evidence(ranking)
+    scorers = (ranking.get("scorers") or {}) if too_little is None else {}
+    differences = (ranking.get("differences") or {}) if too_little is None else {}
 
     def overall(block: dict, metric: str) -> dict:
         return ((block.get(OVERALL) or {}).get(metric)) or {}
@@ -259,8 +303,7 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
         rivals = {name: overall(differences[name], metric) for name in GATE_BASELINES[prm_input]
                   if overall(differences.get(name) or {}, metric).get("value") is not None}
         if own.get("value") is None or not rivals:
-            not_measured.append(f"{metric}: {pairs} held-out sibling pairs with different labels; at least "
-                                f"{MIN_RANKED_PAIRS} needed to judge a ranking")
+            not_judged.append(f"{metric}: {too_little or 'no baseline to compare with'}")
             continue
         verdicts = {}
         for name, diff in rivals.items():
@@ -281,13 +324,16 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
             f"within-state {metric.replace('_', ' ')} {own['value']:.3f}; "
             + (f"not clearly better than {', '.join(RIVAL_NAMES.get(n, n) for n in lost)}" if lost
                else "clearly better than every baseline") + f" ({'; '.join(described)})")
-    status = "not_measured" if not checks else "passed" if all(c["passed"] for c in checks) else "failed"
-    return {"status": status, "checks": checks, "not_measured": not_measured}
+    status = ("failed" if not all(c["passed"] for c in checks) else "not_judged" if not_judged or not checks
+              else "passed")
+    return {"status": status, "checks": checks, "reported": reported, "not_judged": not_judged}
 
 
 def gate_lines(gate: dict) -> str:
-    """The gate as log lines: its status, then one line per check, PASS or FAIL."""
+    """The gate as log lines: its status, then one line per check, PASS or FAIL, the reported ones, and what it
+    could not judge."""
     lines = [f"PRM quality gate: {gate['status']}"]
     lines += [f"{'PASS' if check['passed'] else 'FAIL'} {check['check']}: {check['message']}"
               for check in gate["checks"]]
-    return "\n".join(lines + [f"not measured: {what}" for what in gate["not_measured"]])
+    lines += [f"REPORTED {check['check']}: {check['message']}" for check in gate["reported"]]
+    return "\n".join(lines + [f"NOT JUDGED {what}" for what in gate["not_judged"]])
