@@ -5,10 +5,11 @@ import os
 from snakemake.logging import logger
 from snakemake.utils import min_version
 
+from clemprm.checks.parse_time import ConfigInputError, snakemake_processes_problems
 from clemprm.config import (base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections,
                             trained_adapters)
 from clemprm.stages.merge import merge_params
-from clemprm.workflow import check_config
+from clemprm.workflow import check_config, rule_params
 
 min_version("9.0")
 
@@ -22,6 +23,9 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 for warning in check_config(config, workflow.configfiles, workflow.config_settings.config,
                             inputs=workflow.is_main_process):
     logger.warning(f"WARNING: {warning}")
+# a `processes` resource (--set-resources RULE:processes=N, --default-resources, the profile) is a whole number >= 1
+if workflow.is_main_process and (problems := snakemake_processes_problems(workflow.resource_settings)):
+    raise ConfigInputError("the resources given cannot run a job:\n  - " + "\n  - ".join(problems))
 
 
 report: "report/workflow.rst"
@@ -50,9 +54,24 @@ rule all:
     default_target: True
 
 
-onsuccess:
-    # the run ends with its results table (clemprm summary): the answer, not only the files
+def results_table():
+    """A run ends with its results table (clemprm summary): the answer, not only the files; named stale where this run
+    did not make it (one aimed at part of the DAG, or one that failed) or it is older than its inputs."""
     if os.path.isfile("results/prm_eval.json"):
         from clemprm.cli import main as clemprm_main
 
-        clemprm_main(["summary", "results/prm_eval.json"])
+        clemprm_main(["summary", "results/prm_eval.json", "--run-start", str(workflow.start_time.timestamp())])
+
+
+onsuccess:
+    results_table()
+
+
+onerror:
+    # then each failed job's own error from its log (a StageFailure, "context too long ..."), not only Snakemake's
+    # CalledProcessError
+    from clemprm.evaluation.console import failed_jobs
+
+    results_table()
+    for line in failed_jobs(log):
+        logger.error(line)

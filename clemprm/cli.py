@@ -43,16 +43,17 @@ def check_config_command(args: argparse.Namespace) -> int:
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    """The results table of a run's ``prm_eval.json`` (what the pipeline prints when it finishes)."""
-    import json
-
-    from clemprm.evaluation.console import summary_table
+    """The results table of a run's ``prm_eval.json`` (what the pipeline prints when it finishes), after a warning
+    where the table is stale; a file that is not a prm_eval.json is refused, naming what it is not."""
+    from clemprm.evaluation.console import SummaryError, read_summary, staleness, summary_table
 
     try:
-        summary = json.loads(open(args.path).read())
-    except (OSError, ValueError) as error:
-        print(f"clemprm summary: {args.path}: {error}", file=sys.stderr)
+        summary = read_summary(args.path)
+    except SummaryError as error:
+        print(f"clemprm summary: {error}", file=sys.stderr)
         return 2
+    for warning in staleness(args.path, summary, args.run_start):
+        print(warning)
     print(summary_table(summary, args.path))
     return 0
 
@@ -96,10 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the schema: not the models, games and folders the config names")
     check.set_defaults(run=check_config_command)
     summary = commands.add_parser("summary", help="print the results table of a run (its prm_eval.json): per mode "
-                                                  "% played, quality and clemscore with CIs, each search against its "
+                                                  "%% played, quality and clemscore with CIs, each search against its "
                                                   "controls, the PRM against its baselines and its quality gate")
     summary.add_argument("path", nargs="?", default="results/prm_eval.json", metavar="PATH",
                          help="a prm_eval.json (default results/prm_eval.json)")
+    summary.add_argument("--run-start", type=float, metavar="SECONDS",
+                         help="when the run printing the table started (seconds since the epoch; the Snakefile gives "
+                              "it): an older summary is named as not made by this run")
     summary.set_defaults(run=summary_command)
     publish = commands.add_parser("publish", help="upload an adapter folder or merged checkpoint, with its model "
                                                   "card, to a Hugging Face Hub model repo (needs a token and network)")

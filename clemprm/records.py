@@ -88,6 +88,9 @@ BRANCH_POINT_FIELDS = [
     ("episode_bench_score", pa.float64()),  # how the sampled trajectory itself ended (NaN when aborted)
     ("episode_success", pa.bool_()),
     ("episode_aborted", pa.bool_()),
+    ("multiplicity", pa.int32()),      # how many of its state's sampled answers (the played one and the
+                                       # branch_points.siblings - 1 others) were this candidate: >= 1, 1 without
+                                       # siblings; a random pick among the samples picks it in that proportion
 ]
 BRANCH_POINTS = pa.schema(BRANCH_POINT_FIELDS)
 
@@ -104,6 +107,52 @@ SOFT_LABELS = pa.schema(BRANCH_POINT_FIELDS + [
                                        # raised): left out of rollout_scores and the label
     ("new_tokens", pa.int64()),        # tokens the continuations generated (cost)
     ("label", pa.float64()),           # mean of rollout_scores / 100, in [0, 1]
+])
+
+# One continuation of a branch point as a soft-label shard keeps it: its answers with the game's verdict, how it ended.
+CONTINUATION = pa.struct([
+    ("k", pa.int32()),                 # its number j among the branch point's continuations (seeded from it)
+    ("outcome", pa.string()),          # success | lost | aborted (the game ended it) | capped (stopped at
+                                       # labels.max_rollout_rounds) | error (the game failed on it)
+    ("bench_score", pa.float64()),     # BENCH_SCORE where the game ended it (NaN when aborted); null otherwise
+    ("turns", pa.list_(pa.struct([     # its answers after the candidate, in turn order (all players)
+        ("turn_idx", pa.int32()),
+        ("player", pa.string()),
+        ("game_role", pa.string()),
+        ("shared", pa.int32()),        # leading messages of the perspective equal to the branch point's prefix's
+        ("messages_tail", MESSAGES),   # the rest: perspective = prefix[:shared] + messages_tail (stored once)
+        ("response", pa.string()),
+        ("parse_ok", pa.bool_()),
+    ]))),
+])
+
+# A soft-label shard (``results/labels/shards/<s>-of-<S>.parquet``): the soft labels with each branch point's
+# continuations, which the answers records read (gather_soft_labels leaves them out of soft_labels.parquet).
+SOFT_LABEL_SHARDS = pa.schema(list(SOFT_LABELS) + [("continuations", pa.list_(CONTINUATION))])
+
+# Every answer played in the run on the train split with the game's verdict (``results/labels/answers.parquet``,
+# clemprm.stages.answers): one row per distinct (instance, player, perspective, answer, verdict), with its plays.
+ANSWER_SOURCES = ("base_rollouts", "sft_trajectories", "siblings", "label_continuations")
+ANSWERS = pa.schema([
+    ("source", pa.string()),           # the first stage that played it (ANSWER_SOURCES, in pipeline order)
+    ("episode_id", pa.string()),       # that first play's episode (a sibling: its bp_id; a continuation:
+                                       # "<bp_id>/k<j>")
+    ("game", pa.string()),
+    ("experiment", pa.string()),
+    ("game_id", pa.int64()),
+    ("split", pa.string()),
+    ("turn_idx", pa.int32()),
+    ("player", pa.string()),
+    ("game_role", pa.string()),
+    ("messages", MESSAGES),            # the player's perspective before the answer (roles merged)
+    ("response", pa.string()),         # the answer
+    ("parse_ok", pa.bool_()),          # the game's verdict: True accepted, False a rule violation
+    ("count", pa.int32()),             # times it was played in the run (all sources)
+    ("n_success", pa.int32()),         # plays whose episode the game then ended won,
+    ("n_lost", pa.int32()),            # lost,
+    ("n_aborted", pa.int32()),         # aborted; count - the three: plays whose episode did not end (a capped
+                                       # continuation, a failed episode, a sibling not played on)
+    ("bench_score", pa.float64()),     # mean BENCH_SCORE of the plays ended won or lost; NaN when none
 ])
 
 # A turn where a search chose, on the path it played (eval episodes' ``choices``).
@@ -167,7 +216,8 @@ def write_records(path: str | Path, rows: list[dict], schema: pa.Schema, provena
 
 PRODUCING_RULES = (("results/rollouts/", "base_rollouts"), ("results/sft/sft_data.parquet", "win_filter"),
                    ("results/labels/shards/", "soft_labels"),
-                   ("results/labels/soft_labels.parquet", "gather_soft_labels"), ("results/labels/", "branch_points"),
+                   ("results/labels/soft_labels.parquet", "gather_soft_labels"),
+                   ("results/labels/answers.parquet", "gather_answers"), ("results/labels/", "branch_points"),
                    ("results/eval/", "eval_mode"), ("results/states/", "rl_states"))
 """The rule that writes the record files under each path (the first prefix that matches; rules/*.smk)."""
 
@@ -193,8 +243,9 @@ def read_table(path: str | Path, schema: pa.Schema | None = None) -> pa.Table:
         raise RecordFileError(f"cannot read record file {path}: {error}{remake_hint(path)}") from error
     if schema is not None:
         missing = [name for name in schema.names if name not in table.schema.names]
-        if missing:
-            raise RecordFileError(f"record file {path} lacks columns {missing} (has {table.schema.names})")
+        if missing:   # a file of older code (e.g. without multiplicity) or of another stage
+            raise RecordFileError(f"record file {path} lacks columns {missing} (has {table.schema.names})"
+                                  f"{remake_hint(path)}")
         table = table.select(schema.names)
         mismatched = [f"{field.name} is {table.schema.field(field.name).type}, expected {field.type}"
                       for field in schema if not table.schema.field(field.name).type.equals(field.type)]
@@ -210,7 +261,21 @@ def read_records(path: str | Path, schema: pa.Schema | None = None, *,
     rows = read_table(path, schema).to_pylist()
     if splits is not None:
         check_splits(path, rows, splits)
+    if schema is not None and "prefix" in schema.names:
+        check_prefixes(path, rows)
     return rows
+
+
+def check_prefixes(path: str | Path, rows: list[dict]) -> None:
+    """Raise :class:`RecordFileError` naming the file and the row (``bp_id``) whose ``prefix`` holds no user message:
+    a branch point's prefix is the player's perspective before its answer, which starts with the game's prompt; the
+    chat template would fail on it later with a jinja2 error that names neither."""
+    for row in rows:
+        if not any(message.get("role") == "user" for message in row.get("prefix") or []):
+            raise RecordFileError(f"record file {path}: row bp_id {row.get('bp_id')!r} has a prefix with no user "
+                                  f"message (prefix: {json.dumps(row.get('prefix'))[:120]}): a branch point's prefix "
+                                  f"is the player's perspective before its answer, starting with the game's "
+                                  f"prompt{remake_hint(path)}")
 
 
 TRAIN_SPLITS = ("train",)

@@ -1,15 +1,17 @@
 """Set-up shared by the rule scripts: logging into the rule's log file, the job's environment and its processes, the
-training jobs' tracker run."""
+training jobs' tracker run; the split of each rule's settings into its params (its rerun trigger) and the config keys
+that only say how its job runs (:func:`rule_params`, :func:`job_settings`)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import subprocess
 import sys
 
 from clemprm import distributed
-from clemprm.config import job_environment
+from clemprm.config import job_environment, sorted_dict
 from clemprm.tracking import TrackingRun
 
 
@@ -59,6 +61,76 @@ def tracking_run(snakemake) -> TrackingRun:
     rule's params: changing the tracker reruns nothing. Fails here, before a model loads, when the tracker is not
     installed."""
     return TrackingRun(snakemake.config["tracking"]["report_to"], "/".join([snakemake.rule, *snakemake.wildcards]))
+
+
+# ------------------------------------------------------------------------------------------ rerun triggers
+
+RUN_KEYS = ("model.threads", "labels.shards", "labels.checkpoint_every", "prm.bootstrap_samples",
+            "prm.gate.on_failure")
+"""Config keys that say how fast a job runs or what it does when something fails, not what it writes: in no rule's
+params, so changing one reruns nothing (docs/configuration.md, "What a changed key reruns"). ``prm.bootstrap_samples``
+only sets how many resamples estimate the same intervals of the PRM's held-out ranking; ``prm.gate.on_failure``, like
+``on_failure``, what a failed gate does (the verdict itself, by ``prm.ci`` and the gate's thresholds, is a trigger).
+``labels.shards`` still names the shard files, so a new count remakes the labels: Snakemake makes each missing file."""
+
+PLAYED_SPLITS = {   # rule -> the splits whose instances its jobs play: games.max_instances of the others is no trigger
+    "base_rollouts": lambda config: {"train"},
+    "branch_points": lambda config: {"train", *(["validation"] if config["branch_points"]["validation_instances"]
+                                                else [])},
+    "soft_labels": lambda config: PLAYED_SPLITS["branch_points"](config),   # the branch points' instances
+    "rl_adapter": lambda config: {"train", *([config["rl"]["states"]["split"]] if config["rl"]["data"] == "states"
+                                             else [])},
+    "rl_states": lambda config: {config["rl"]["states"]["split"]},
+    "score_adapter": lambda config: {"train"},
+    "eval_mode": lambda config: {config["eval"]["split"]},
+}
+
+UNREAD_SECTIONS = {   # rule -> sections in its settings (its provenance) that its outputs do not depend on
+    "eval_summary": ("model", "games"),   # it reads the modes' episodes (inputs), which the model and games made
+}
+
+
+def unread_keys(rule: str, config: dict) -> list[str]:
+    """The dotted config keys in ``rule``'s settings that are no rerun trigger of it: :data:`RUN_KEYS`,
+    ``games.max_instances`` of the splits it does not play (:data:`PLAYED_SPLITS`) and its
+    :data:`UNREAD_SECTIONS`."""
+    played = PLAYED_SPLITS.get(rule)
+    splits = [] if played is None else sorted(set(config["games"]["max_instances"]) - played(config))
+    return [*RUN_KEYS, *(f"games.max_instances.{split}" for split in splits), *UNREAD_SECTIONS.get(rule, ())]
+
+
+def _parent(settings: dict, key: str) -> tuple[dict | None, str]:
+    """The dict in ``settings`` that holds the dotted ``key`` (None where a section on the way is not there), and
+    the key's last part."""
+    *path, name = key.split(".")
+    for part in path:
+        settings = settings.get(part) if isinstance(settings, dict) else None
+    return (settings if isinstance(settings, dict) else None), name
+
+
+def rule_params(rule: str, settings: dict, config: dict) -> dict:
+    """``rule``'s params, its rerun trigger: ``settings`` (what its job reads, e.g.
+    :func:`clemprm.config.base_rollouts_params`) without :func:`unread_keys`. The rule script gets them back from
+    the config (:func:`job_settings`)."""
+    params = copy.deepcopy(settings)
+    for key in unread_keys(rule, config):
+        parent, name = _parent(params, key)
+        if parent is not None:
+            parent.pop(name, None)
+    return params
+
+
+def job_settings(snakemake) -> dict:
+    """The settings a rule script hands its stage: the rule's ``settings`` param with the keys :func:`rule_params`
+    left out taken from the job's config, where their section is in it: what the stage read before the split, and
+    what its records' provenance shows."""
+    settings = copy.deepcopy(dict(snakemake.params.settings))
+    for key in unread_keys(snakemake.rule, snakemake.config):
+        parent, name = _parent(settings, key)
+        source, _ = _parent(snakemake.config, key)
+        if parent is not None and source is not None and name in source:
+            parent[name] = copy.deepcopy(source[name])
+    return sorted_dict(settings)
 
 
 def check_config(config: dict, config_files=(), command_line: dict | None = None, inputs: bool = True) -> list[str]:

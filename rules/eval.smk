@@ -24,7 +24,7 @@ rule eval_mode:
     wildcard_constraints:
         mode="|".join(MODES),
     params:
-        settings=lambda wc: eval_mode_params(config, wc.mode),
+        settings=lambda wc: rule_params("eval_mode", eval_mode_params(config, wc.mode), config),
     log:
         "results/logs/eval/{mode}.log",
     benchmark:
@@ -47,7 +47,7 @@ rule eval_summary:
     output:
         report("results/prm_eval.json", caption="../report/prm_eval.rst", category="Evaluation"),
     params:
-        settings=sections(config, "seed", "model", "games", "eval"),
+        settings=rule_params("eval_summary", sections(config, "seed", "model", "games", "eval"), config),
     log:
         "results/logs/eval_summary.log",
     benchmark:

@@ -10,7 +10,8 @@ rule branch_points:
         episodes="results/labels/sft_train_episodes.parquet",
         branch_points="results/labels/branch_points.parquet",
     params:
-        settings=policy_sections(config, "seed", "model", "games", "branch_points"),
+        settings=rule_params("branch_points", policy_sections(config, "seed", "model", "games", "branch_points"),
+                             config),
     log:
         "results/logs/branch_points.log",
     benchmark:
@@ -33,7 +34,7 @@ rule soft_labels:
         shard=r"\d+",
         shards=r"\d+",
     params:
-        settings=policy_sections(config, "seed", "model", "games", "labels"),
+        settings=rule_params("soft_labels", policy_sections(config, "seed", "model", "games", "labels"), config),
     log:
         "results/logs/soft_labels/{shard}-of-{shards}.log",
     benchmark:
@@ -53,7 +54,7 @@ rule gather_soft_labels:
     output:
         "results/labels/soft_labels.parquet",
     params:
-        settings=sections(config, "labels"),
+        settings=rule_params("gather_soft_labels", sections(config, "labels"), config),
     log:
         "results/logs/gather_soft_labels.log",
     benchmark:
@@ -62,3 +63,25 @@ rule gather_soft_labels:
         "../envs/clemprm.yaml"
     script:
         "../workflow_scripts/gather_soft_labels.py"
+
+
+# Every answer played on the train split (base rollouts, SFT-policy trajectories, siblings, label continuations) with
+# the game's verdict on it, gathered from what those stages wrote: nothing is played again. No params: the output
+# depends on its inputs alone.
+rule gather_answers:
+    input:
+        rollouts="results/rollouts/base_train.parquet",
+        sft_episodes="results/labels/sft_train_episodes.parquet",
+        branch_points="results/labels/branch_points.parquet",
+        shards=expand("results/labels/shards/{shard}-of-{shards}.parquet", shard=range(LABEL_SHARDS),
+                      shards=LABEL_SHARDS),
+    output:
+        "results/labels/answers.parquet",
+    log:
+        "results/logs/gather_answers.log",
+    benchmark:
+        "results/benchmarks/gather_answers.tsv"
+    conda:
+        "../envs/clemprm.yaml"
+    script:
+        "../workflow_scripts/gather_answers.py"

@@ -30,7 +30,7 @@ rule merge:
     wildcard_constraints:
         name="|".join(MERGED_ADAPTERS),
     params:
-        settings=lambda wc: merge_params(config, MERGED_ADAPTERS[wc.name][1]),
+        settings=lambda wc: rule_params("merge", merge_params(config, MERGED_ADAPTERS[wc.name][1]), config),
         task=lambda wc: MERGED_ADAPTERS[wc.name][1],
     log:
         "results/logs/merge/{name}.log",

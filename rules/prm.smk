@@ -1,18 +1,19 @@
 # Stage 6: the process reward model: a one-logit sequence-classification head + LoRA on the base model, trained on
-# the soft labels -> a PEFT adapter folder (LoRA + score head) and its metrics.
+# the soft labels -> a PEFT adapter folder (LoRA + score head) and its metrics; with prm.kind: probe, linear heads on
+# the SFT policy's hidden states -> the same folder (probe.safetensors, probe_config.json) and metrics.
 
 
 rule prm_adapter:
     input:
         labels="results/labels/soft_labels.parquet",
-        sft_adapter="results/sft/adapter",  # the policy whose log-probabilities are a baseline
-        # the played episodes whose answers, with the game's verdict, the acceptance pre-training reads
-        episodes=["results/rollouts/base_train.parquet", "results/labels/sft_train_episodes.parquet"],
+        sft_adapter="results/sft/adapter",  # the policy whose log-probabilities are a baseline; a probe PRM reads it
+        # every answer played on the train split with the game's verdict: what the acceptance pre-training reads
+        answers="results/labels/answers.parquet",
     output:
         adapter=directory("results/prm/adapter"),
         metrics="results/prm/metrics.json",
     params:
-        settings=sections(config, "seed", "model", "prm"),
+        settings=rule_params("prm_adapter", sections(config, "seed", "model", "prm"), config),
     log:
         "results/logs/prm_adapter.log",
     benchmark:

@@ -20,7 +20,7 @@ rule rl_adapter:
         algorithm="|".join(config["rl"]["algorithms"]),
     params:
         # the rl section with this job's algorithm (rl.prime only for prime): a PRIME setting reruns PRIME alone
-        settings=lambda wc: rl_params(config, wc.algorithm),
+        settings=lambda wc: rule_params("rl_adapter", rl_params(config, wc.algorithm), config),
     log:
         "results/logs/rl_adapter/{algorithm}.log",
     benchmark:
@@ -41,7 +41,9 @@ rule rl_states:
     output:
         RL_STATES,
     params:
-        settings=sorted_dict({"games": config["games"], "states": config["rl"]["states"]}),
+        # the seed draws the instances played (clemprm.play.catalog)
+        settings=rule_params("rl_states", sorted_dict({"seed": config["seed"], "games": config["games"],
+                                                    "states": config["rl"]["states"]}), config),
     log:
         "results/logs/rl_states.log",
     benchmark:

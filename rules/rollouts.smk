@@ -11,7 +11,7 @@ rule base_rollouts:
         **({"clembench": directory("results/clembench/base_rollouts")}
            if config["base_rollouts"]["clembench_tree"] else {}),
     params:
-        settings=base_rollouts_params(config),
+        settings=rule_params("base_rollouts", base_rollouts_params(config), config),
     log:
         "results/logs/base_rollouts.log",
     benchmark:
@@ -29,7 +29,7 @@ rule win_filter:
     output:
         "results/sft/sft_data.parquet",
     params:
-        settings=sections(config, "win_filter"),
+        settings=rule_params("win_filter", sections(config, "win_filter"), config),
     log:
         "results/logs/win_filter.log",
     benchmark:

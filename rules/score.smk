@@ -17,7 +17,8 @@ rule score_adapter:
         adapter=directory("results/score/adapter"),
         metrics="results/score/metrics.json",
     params:
-        settings=policy_sections(config, "seed", "model", "games", "score"),
+        settings=rule_params("score_adapter", policy_sections(config, "seed", "model", "games", "score"),
+                             config),
     log:
         "results/logs/score_adapter.log",
     benchmark:

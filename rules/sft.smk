@@ -10,7 +10,7 @@ rule sft_adapter:
         adapter=directory("results/sft/adapter"),
         metrics="results/sft/metrics.json",
     params:
-        settings=sections(config, "seed", "model", "sft"),
+        settings=rule_params("sft_adapter", sections(config, "seed", "model", "sft"), config),
     log:
         "results/logs/sft_adapter.log",
     benchmark:

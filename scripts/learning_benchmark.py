@@ -15,6 +15,8 @@ when the 95% interval of its paired difference's mean over at least three seeds 
 untouched split) is the final check.
 Each seed's row names the commit that ran it; ``--add`` joins the rows of tables made elsewhere (another machine, a
 cluster job, an earlier run) to the table; a regime run here replaces that regime's figures of a joined seed.
+The arguments are checked before any seed runs (config files, ``--add`` tables, a lookahead run's blind run); a seed
+without a summary is a warning, and a table with nothing measured an error (:mod:`clemprm.evaluation.seeds`).
 """
 
 from __future__ import annotations
@@ -38,10 +40,6 @@ REPO = Path(__file__).resolve().parent.parent
 LOOKAHEAD_REMADE = ("prm", "eval", "prm_eval.json", "clembench", "report", "benchmarks", "logs")
 
 
-def seed_dir(seed: int, regime: str, args: argparse.Namespace) -> Path:
-    return Path(args.workdir) / f"seed-{seed}" / regime
-
-
 def start_lookahead(blind: Path, lookahead: Path) -> None:
     """The lookahead run's folder as a copy of the blind run's up to the soft labels (once)."""
     if lookahead.exists():
@@ -53,9 +51,9 @@ def start_lookahead(blind: Path, lookahead: Path) -> None:
 
 def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
     """The pipeline for one seed in one regime, in its own folder; returns its summary's path."""
-    workdir = seed_dir(seed, regime, args)
+    workdir = seeds.seed_dir(Path(args.workdir), seed, regime)
     if regime == "lookahead":
-        start_lookahead(seed_dir(seed, "blind", args), workdir)
+        start_lookahead(seeds.seed_dir(Path(args.workdir), seed, "blind"), workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     override = workdir / "seed.yaml"
     # a PRM that fails its quality gate is a result here: the searches run on it and the table shows the gate
@@ -87,7 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 42])
     parser.add_argument("--split", default="test", choices=["validation", "test"])
-    parser.add_argument("--regimes", nargs="+", default=["blind", "lookahead"], choices=["blind", "lookahead"])
+    parser.add_argument("--regimes", nargs="+", default=list(seeds.REGIMES), choices=seeds.REGIMES,
+                        help="run in this order whatever the order given: blind, then lookahead (which starts from "
+                             "the blind run)")
     parser.add_argument("--config", default=str(REPO / "configs" / "learning.yaml"))
     parser.add_argument("--lookahead", default=str(REPO / "configs" / "lookahead.yaml"),
                         help="the config on top of --config for the lookahead regime")
@@ -97,21 +97,21 @@ def main() -> None:
     parser.add_argument("--add", nargs="+", default=[], metavar="SEEDS_JSON",
                         help="seeds.json files of seeds run elsewhere, joined to the table (a regime run here wins)")
     args = parser.parse_args()
-    rows = {seed: row for path in args.add for seed, row in seeds.rows_of(json.loads(Path(path).read_text())).items()}
-    for seed in args.seeds:
-        row = {}
-        for regime in args.regimes:   # blind first: the lookahead run starts from its soft labels
-            path = seed_dir(seed, regime, args) / "results" / "prm_eval.json"
-            if not args.table_only:
-                path = run_seed(seed, regime, args)
-            if path.is_file():
-                ran_on = path.parent.parent / "commit.txt"
-                row.update(seeds.seed_row(json.loads(path.read_text())))
-                row[f"{regime}/commit"] = ran_on.read_text().strip() if ran_on.is_file() else "unknown"
-        if row:
-            rows[seed] = seeds.join_row(rows.get(seed, {}), row)
+    out, regimes = Path(args.workdir), seeds.regimes_in_order(args.regimes)   # blind first
+    configs = {"--config": args.config, **({"--lookahead": args.lookahead} if "lookahead" in regimes else {})}
+    try:   # the arguments checked before any seed runs
+        added = seeds.read_added(args.add)
+        if not args.table_only:
+            seeds.check_plan(out, args.seeds, regimes, configs)
+            for seed in args.seeds:
+                for regime in regimes:
+                    run_seed(seed, regime, args)
+        rows, warnings = seeds.measured_rows(out, args.seeds, regimes, added)
+    except seeds.BenchmarkError as error:
+        sys.exit(f"learning_benchmark.py: {error}")
+    for warning in warnings:
+        print(f"learning_benchmark.py: WARNING: {warning}", file=sys.stderr)
     table = seeds.seeds_table(rows)
-    out = Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "seeds.json").write_text(json.dumps(table, indent=1, sort_keys=True, allow_nan=True) + "\n")
     (out / "seeds.md").write_text(seeds.markdown(table))

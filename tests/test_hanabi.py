@@ -393,7 +393,7 @@ def test_states_replay_to_the_same_prompt_deterministically(catalog, scripted_po
     with pytest.raises(ValueError, match="did not reach a waiting player"):
         replay_state(engine, state_instance(catalog, rows[7]), rows[7]["history"] + ["junk", "junk"], [policy], "c", 0)
     out = tmp_path / "states.parquet"
-    written = write_states(catalog.config, str(out), "train", max_per_episode=4)
+    written = write_states(catalog.config, str(out), 0, "train", max_per_episode=4)
     assert records.read_records(out, records.STATES) == written
     assert len(written) == 3 * 4 and records.read_provenance(out)["config"]["states"]["max_per_episode"] == 4
 

@@ -86,6 +86,42 @@ def soft_labels_file():
     return Path("soft_labels.parquet"), rows
 
 
+def answer(game: str, source: str, response: str, count: int, ended: tuple[int, int, int]) -> dict:
+    n_success, n_lost, n_aborted = ended
+    return {"source": source, "episode_id": f"{game}/e1/0/0", "game": game, "experiment": "e1", "game_id": 0,
+            "split": "train", "turn_idx": 0, "player": "Player 1", "game_role": "Guesser", "messages": messages(1),
+            "response": response, "parse_ok": response.startswith("GUESS"), "count": count, "n_success": n_success,
+            "n_lost": n_lost, "n_aborted": n_aborted,
+            "bench_score": 50.0 if n_success + n_lost else float("nan")}
+
+
+@pytest.fixture
+def answers_file():
+    rows = [answer("guessnumber", "base_rollouts", "GUESS: 5", 3, (1, 1, 0)),
+            answer("guessnumber", "base_rollouts", "No idea.", 1, (0, 0, 1)),
+            answer("guessnumber", "label_continuations", "GUESS: 7", 4, (0, 0, 0)),
+            answer("wordref", "siblings", "GUESS: 1", 2, (2, 0, 0))]
+    records.write_records("answers.parquet", rows, records.ANSWERS, PROVENANCE)
+    return Path("answers.parquet"), rows
+
+
+def test_answers_records_count_plays_verdicts_and_ends_per_game(answers_file, capsys):
+    path, _ = answers_file
+    groups = group_stats(records.read_table(path))
+    guessnumber = groups["guessnumber"]["answers"]
+    assert (guessnumber["distinct"], guessnumber["plays"]) == (3, 8)
+    assert guessnumber["accepted"] == pytest.approx(2 / 3) and guessnumber["accepted_plays"] == pytest.approx(7 / 8)
+    assert guessnumber["ended"] == {"won": 1 / 8, "lost": 1 / 8, "aborted": 1 / 8}
+    assert guessnumber["sources"] == {"base_rollouts": 2, "label_continuations": 1}
+    assert groups["all"]["answers"]["plays"] == 10
+    assert main(["inspect", str(path)]) == 0   # what clemprm inspect prints of them
+    report = capsys.readouterr().out.splitlines()
+    assert ("    answers: 3 distinct, 8 plays; accepted 66.7% (of the plays 87.5%); plays ended won 12.5%, lost 12.5%, "
+            "aborted 12.5%") in report
+    assert "    first played in: base_rollouts 2, label_continuations 1" in report
+    assert "  parse_ok: bool" in report and "  count: int32" in report
+
+
 def test_schema_rows_and_provenance(soft_labels_file):
     path, rows = soft_labels_file
     report = inspect_file(path).splitlines()

@@ -8,14 +8,18 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from clemprm import records
+from clemprm.config import load_config
 from clemprm.stages import labels
 from clemprm.play.catalog import GameCatalog
 from tests.conftest import binary_search_answer, tiny_config
+
+REPO = Path(__file__).resolve().parent.parent
 
 LABEL_SETTINGS = {"k": 3, "k_first": None, "temperature": 0.7, "top_p": 1.0, "max_new_tokens": 8,
                   "max_rollout_rounds": 10, "aborted_value": 0.25, "shards": 1, "checkpoint_every": 4}
@@ -51,7 +55,7 @@ def invalid_then(answer):
 @pytest.fixture
 def oddoneout(scripted_policy, tmp_path):
     config = tiny_config(games={"builtin": ["oddoneout"]}, branch_points={"max_per_episode": 4})
-    catalog = GameCatalog(config["games"])
+    catalog = GameCatalog(config["games"], config["seed"])   # the instances the stage draws
     oracle = oddoneout_oracle(catalog)
     settings = settings_for(config)
     bp_path = tmp_path / "bp.parquet"
@@ -155,7 +159,7 @@ def test_capped_continuations_get_the_partial_score(scripted_policy, tmp_path):
     policy = scripted_policy(count_up)
     labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
-    catalog = GameCatalog(config["games"])
+    catalog = GameCatalog(config["games"], config["seed"])
     experiments = {i.key: i.experiment for i in catalog.instances("guessnumber", "train")}
     targets = {i.key: int(i.instance["target"]) for i in catalog.instances("guessnumber", "train")}
     checked = 0
@@ -246,9 +250,11 @@ def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(killed
     assert done_before == 2 * killed_processes, rerun.stdout[-3000:]   # the two parts' branch points
     assert not checkpoint.exists()
 
-    uninterrupted = labels.soft_labels_shard(settings, tmp_path / "bp.parquet", None, 0, 1,
-                                             tmp_path / "straight.parquet", policy=tiny_policy)
-    assert same_rows(records.read_records(tmp_path / "resumed.parquet"), uninterrupted)
+    labels.soft_labels_shard(settings, tmp_path / "bp.parquet", None, 0, 1, tmp_path / "straight.parquet",
+                             policy=tiny_policy)
+    # the labels and each continuation's answers (records.SOFT_LABEL_SHARDS) of a run never interrupted
+    straight = records.read_records(tmp_path / "straight.parquet")
+    assert same_rows(records.read_records(tmp_path / "resumed.parquet"), straight)
 
 
 def stale_row(bp: dict) -> dict:
@@ -309,12 +315,18 @@ def test_validation_instances_give_held_out_branch_points_that_label_like_train_
                                                                                     tmp_path):
     settings, _, train_rows, oracle = oddoneout
     settings = {**settings, "branch_points": {**settings["branch_points"], "validation_instances": 2}}
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])
     bp_path = tmp_path / "with_validation.parquet"
     rows = labels.branch_points(settings, None, tmp_path / "episodes2.parquet", bp_path,
                                 policy=scripted_policy(invalid_then(oracle)))
     held_out = [row for row in rows if row["split"] == "validation"]
     assert [row for row in rows if row["split"] == "train"] == train_rows
+    # the instances the run's seed draws (2 of 40 per split here), not the first ones of the files
+    played = {(row["experiment"], row["game_id"]) for row in rows}
+    drawn = {i.key[1:] for split in ("train", "validation") for i in catalog.instances("oddoneout", split)}
+    first = {i.key[1:] for split in ("train", "validation") for i in GameCatalog(settings["games"]).instances(
+        "oddoneout", split)}
+    assert played == drawn != first
     assert {row["game_id"] for row in held_out} == {i.instance["game_id"]
                                                     for i in catalog.instances("oddoneout", "validation")[:2]}
     assert len(held_out) == 2 * 2   # the violation and the right answer of each of 2 instances
@@ -340,6 +352,7 @@ def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_pol
         for sibling in siblings:
             assert sibling["bp_id"].startswith(f"{prefix_id}/s") and sibling["prefix"] == played["prefix"]
             assert sibling["history"] == played["history"][:-1] + [sibling["candidate"]]
+        assert all(bp["multiplicity"] >= 1 for bp in group) and sum(bp["multiplicity"] for bp in group) <= 3
     assert len({bp["seed"] for bp in bps}) == len(bps)
     one = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "one.parquet", policy=tiny_policy)
     shard_paths = [tmp_path / f"{s}-of-2.parquet" for s in range(2)]
@@ -349,6 +362,66 @@ def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_pol
     gathered = labels.gather_soft_labels(settings, bp_path, shard_paths, tmp_path / "gathered.parquet",
                                          on_failure="continue")
     assert [row["bp_id"] for row in one] == [bp["bp_id"] for bp in bps] and same_rows(gathered, one)
+
+
+def test_distinct_siblings_keep_the_first_of_each_answer_and_count_its_samples():
+    from clemprm.play.engine import Generation
+
+    def sample(text, error=None):
+        return Generation(text=text, raw_text=text, prompt_tokens=1, new_tokens=1, error=error)
+
+    generations = [sample("A"), sample("B"), sample("B"), sample("", error="out of memory"), sample("C"), sample("A")]
+    fresh, counts = labels.distinct_siblings("A", generations)
+    assert [(j, g.text) for j, g in fresh] == [(2, "B"), (4, ""), (5, "C")]   # the failed one is kept to be logged
+    assert counts == {"A": 3, "B": 2, "C": 1}
+
+
+def test_a_policy_that_repeats_itself_gives_one_branch_point_per_state_with_all_its_samples(scripted_policy,
+                                                                                            tmp_path):
+    """A deterministic policy's 4 samples of a state are one answer: no sibling row, and the played one's
+    multiplicity 4 (a random pick among the samples always picks it); soft labels carry it on."""
+    config = tiny_config(games={"builtin": ["oddoneout"]}, branch_points={"max_per_episode": 4, "siblings": 4})
+    settings = settings_for(config)
+    oracle = oddoneout_oracle(GameCatalog(config["games"], config["seed"]))
+    bp_path = tmp_path / "bp.parquet"
+    rows = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                policy=scripted_policy(invalid_then(oracle)))
+    assert rows and all(row["bp_id"] == row["prefix_id"] and row["multiplicity"] == 4 for row in rows)
+    labelled = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
+                                        policy=scripted_policy(oracle))
+    assert [row["multiplicity"] for row in labelled] == [4] * len(rows)
+    without_siblings = labels.branch_points(settings_for(tiny_config(games={"builtin": ["oddoneout"]})), None,
+                                            tmp_path / "episodes1.parquet", tmp_path / "bp1.parquet",
+                                            policy=scripted_policy(invalid_then(oracle)))
+    assert {row["multiplicity"] for row in without_siblings} == {1}
+
+
+def test_the_seed_draws_the_train_and_held_out_instances_and_every_seed_tests_on_the_whole_test_split():
+    """configs/learning.yaml: 12 of 40 train instances per game, 10 held out of the 40 validation ones, all 20 test
+    instances. Seeds 7 and 11 train on and hold out other instances of every game, and test on the same, whole
+    split; one seed draws alike every time, each experiment as often (round-robin), and a game's draw does not
+    depend on the other games."""
+    config = load_config(REPO / "configs/learning.yaml")
+    per_game = config["branch_points"]["validation_instances"]
+
+    def draw(seed: int, games: dict = config["games"]) -> dict[str, list]:
+        catalog = GameCatalog(games, seed)
+        return {"train": [i.key for i in catalog.all_instances("train")],
+                "held_out": [i.key for i in labels.held_out_instances(catalog, per_game)],
+                "test": [i.key for i in catalog.all_instances("test")]}
+
+    seven, eleven = draw(7), draw(11)
+    assert draw(7) == seven
+    for game in config["games"]["builtin"]:
+        for part, size in (("train", 12), ("held_out", per_game)):
+            ours, theirs = ({key for key in keys[part] if key[0] == game} for keys in (seven, eleven))
+            assert len(ours) == len(theirs) == size and ours != theirs, (game, part)
+    every_test_instance = {i.key for i in GameCatalog(config["games"]).all_instances("test")}
+    assert len(every_test_instance) == 60 and set(seven["test"]) == set(eleven["test"]) == every_test_instance
+    experiments = [key[1] for key in seven["train"] if key[0] == "guessnumber"]
+    assert {experiments.count(name) for name in set(experiments)} == {3}   # 4 experiments, 3 each
+    alone = draw(7, {**config["games"], "builtin": ["guessnumber"]})
+    assert alone["train"] == [key for key in seven["train"] if key[0] == "guessnumber"]
 
 
 def test_label_stages_refuse_branch_points_of_the_test_split(oddoneout, scripted_policy, tmp_path):

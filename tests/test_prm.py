@@ -37,7 +37,7 @@ def soft_label_row(game: str, experiment: str, game_id: int, turn: int, prefix: 
             "reply": "", "seed": turn,
             "episode_bench_score": 0.0, "episode_success": False, "episode_aborted": False, "k": 8, "terminal": False,
             "rollout_scores": scores, "n_aborted": 0, "n_success": round(8 * label), "n_capped": 0, "new_tokens": 0,
-            "label": label}
+            "label": label, "multiplicity": 1}
 
 
 def synthetic_rows() -> list[dict]:
@@ -187,40 +187,53 @@ def played_episodes(tmp_path, scripted_policy) -> str:
     return str(path)
 
 
+def played_answers(tmp_path, scripted_policy) -> str:
+    """The answers records (clemprm.stages.answers) of :func:`played_episodes`' train episodes."""
+    from clemprm.stages import answers
+
+    rows = answers.deduplicated(answers.episode_plays(played_episodes(tmp_path, scripted_policy), "base_rollouts"))
+    path = tmp_path / "answers.parquet"
+    records.write_records(path, rows, records.ANSWERS, {})
+    return str(path)
+
+
 def test_acceptance_examples_are_train_answers_labelled_by_the_game_verdict(trained, tmp_path, scripted_policy):
-    path = played_episodes(tmp_path, scripted_policy)
-    episodes = records.read_records(path, records.EPISODES)
-    verdicts = {(str(t["messages"]), t["response"]): t["parse_ok"] for e in episodes if e["split"] == "train"
-                for t in e["turns"]}
-    assert set(verdicts.values()) == {True, False}
+    path = played_answers(tmp_path, scripted_policy)
+    rows = records.read_records(path, records.ANSWERS)
+    assert {row["parse_ok"] for row in rows} == {True, False}
     tokenizer = trained["scorer"].tokenizer
-    examples = prm.acceptance_examples([path], tokenizer, None, 1024, limit=8, seed=0)
+    examples = prm.acceptance_examples(path, tokenizer, None, 1024, limit=8, seed=0)
     assert len(examples) == 8 and sum(e.label for e in examples) == 4   # as many of each verdict as there are
     verdicts_of = collections.defaultdict(set)   # an answer's verdicts (the same answer in other states)
-    for (_, response), accepted in verdicts.items():
-        verdicts_of[response].add(accepted)
+    for row in rows:
+        verdicts_of[row["response"]].add(row["parse_ok"])
     for example in examples:   # each is an answer played, labelled as the game judged it
         text = tokenizer.decode(example.input_ids)
         response = max((r for r in verdicts_of if text.endswith(f"{r}<|im_end|>\n")), key=len)
         assert bool(example.label) in verdicts_of[response]
-    validation_keys = {instance_key_of(e) for e in episodes if e["split"] != "train"}
-    assert not validation_keys & {e.key for e in examples}           # held-out instances never enter it
-    assert [e.input_ids for e in prm.acceptance_examples([path], tokenizer, None, 1024, 8, 0)] == [
+    assert [e.input_ids for e in prm.acceptance_examples(path, tokenizer, None, 1024, 8, 0)] == [
         e.input_ids for e in examples]                                # drawn by the seed alone
-    everything = prm.acceptance_examples([path], tokenizer, None, 1024, limit=10_000, seed=0)
-    assert len(everything) == len(verdicts)
+    everything = prm.acceptance_examples(path, tokenizer, None, 1024, limit=10_000, seed=0)
+    assert len(everything) == len(rows)
+    held_out = tmp_path / "held_out.parquet"   # answers records of another split are refused, naming the file
+    records.write_records(held_out, [{**row, "split": "validation"} for row in rows], records.ANSWERS, {})
+    with pytest.raises(records.RecordFileError, match="held_out.parquet holds .* validation rows"):
+        prm.acceptance_examples(str(held_out), tokenizer, None, 1024, 8, 0)
 
 
 def test_acceptance_pretraining_trains_the_prm_before_the_soft_labels(tmp_path, test_cache_dir, scripted_policy):
-    path = played_episodes(tmp_path, scripted_policy)
+    path = played_answers(tmp_path, scripted_policy)
     settings = prm_settings(epochs=1, batch_size=8, grad_accum=1, acceptance_examples=16)
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:16])
     metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir,
-                            on_failure="continue", episode_paths=[path])
+                            on_failure="continue", answers_path=path)
     pretraining = metrics["acceptance_pretraining"]
-    assert pretraining["examples"] == 16 and pretraining["accepted"] == 8 and pretraining["steps"] >= 1
+    heldout = pretraining["heldout"]   # the answers of a quarter of the instances, measured, not trained on
+    assert pretraining["examples"] + heldout["n"] == 16 and heldout["n"] > 0 and pretraining["steps"] >= 1
+    assert 0 < pretraining["accepted"] < pretraining["examples"] and 0.0 <= heldout["auroc"] <= 1.0
     assert pretraining["status"] == "trained" and metrics["status"] == "trained"
-    with pytest.raises(ValueError, match="needs the played episodes"):
+    with pytest.raises(ValueError, match=r"prm.acceptance_examples needs the answers records \(results/labels/"
+                                         r"answers.parquet, rule gather_answers"):
         prm.train_prm(settings, labels, str(tmp_path / "a2"), str(tmp_path / "m2.json"), test_cache_dir)
 
 
@@ -342,6 +355,37 @@ def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
     assert prm_metrics.sibling_statistics([0.5, 0.5, 0.5], [1.0, 0.5, 0.0]) == (1.5, 3, 0.5)
 
 
+def test_sibling_statistics_weigh_each_answer_by_its_multiplicity():
+    """A state whose 4 samples are A, A, A (label 0) and B (label 1): as siblings A (multiplicity 3) and B. A pair
+    weighs m_a * m_b (3 pairs of samples), a random pick (a tie) has the multiplicity-weighted mean label 1/4, so
+    its regret is 3/4 (1/2 when the repeats were lost), and a tie at the top is broken by a random sample."""
+    assert prm_metrics.sibling_statistics([0.9, 0.1], [0.0, 1.0], [3, 1]) == (0.0, 3, 1.0)
+    assert prm_metrics.sibling_statistics([0.1, 0.9], [0.0, 1.0], [3, 1]) == (3.0, 3, 0.0)
+    assert prm_metrics.sibling_statistics([0.5, 0.5], [0.0, 1.0], [3, 1]) == (1.5, 3, 0.75)
+    assert prm_metrics.sibling_statistics([0.5, 0.5], [0.0, 1.0]) == (0.5, 1, 0.5)    # each answer once
+    # B and C (label 1 and 1/2, once each) against A (0, three times): the PRM orders A last and B below C
+    concordant, pairs, regret = prm_metrics.sibling_statistics([0.0, 0.2, 0.9], [0.0, 1.0, 0.5], [3, 1, 1])
+    assert (concordant, pairs, regret) == (6.0, 7, 0.5)   # A-B 3, A-C 3 right, B-C 1 wrong
+
+
+def test_ranking_metrics_random_pick_and_accuracy_weigh_by_multiplicity():
+    """Held-out states of A, A, A (label 0) and B (label 1): the random pick (constant_mean ties every sibling) picks
+    B in 1 of 4 samples, so its regret is 0.75, and a PRM that prefers A ranks 3 pairs of samples wrong per state."""
+    examples = []
+    for state in range(4):
+        key = ("g", "e", str(state))
+        examples += [prm.Example([1], False, 0.0, key, state_id=f"p{state}", row=2 * state, multiplicity=3),
+                     prm.Example([1], False, 1.0, key, state_id=f"p{state}", row=2 * state + 1, multiplicity=1)]
+    scorers = {"prm": [0.9, 0.1] * 4, "constant_mean": [0.5] * 8}
+    ranking = prm_metrics.ranking_metrics(examples, scorers, 50, 0, 0.95)
+    assert ranking["pairs_with_different_labels"] == 4                          # distinct answer pairs: the evidence
+    prm_block, random_block = (ranking["scorers"][name]["overall"] for name in ("prm", "constant_mean"))
+    assert prm_block["pairs"] == 12 and prm_block["pairwise_accuracy"]["value"] == 0.0
+    assert random_block["top1_regret"]["value"] == 0.75 and random_block["pick_label"]["value"] == 0.25
+    assert prm_block["top1_regret"]["value"] == 1.0
+    assert ranking["differences"]["constant_mean"]["overall"]["top1_regret"]["value"] == 0.25
+
+
 def test_a_baseline_is_oriented_the_way_its_train_siblings_rank():
     examples = [prm.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i)
                 for i, label in enumerate([1.0, 0.0, 0.5, 0.0, 0.2, 0.2])]     # the last state's labels tie
@@ -350,6 +394,17 @@ def test_a_baseline_is_oriented_the_way_its_train_siblings_rank():
     assert prm_metrics.orientation(examples, [-x for x in shorter_is_better]) == 1
     assert prm_metrics.orientation(examples, [1.0] * 6) == 1      # ties: not worse than chance
     assert prm_metrics.orientation([], []) == 1 and prm_metrics.orientation(examples[:1], [1.0]) == 1   # no siblings
+
+
+def test_a_baseline_is_oriented_on_the_samples_its_train_siblings_are():
+    """Longer answers win 1 state of 3, but that state's losing answer is 3 samples: 3 pairs of samples of 5 say
+    longer is better."""
+    labels, lengths, counts = [0.0, 1.0, 1.0, 0.0, 1.0, 0.0], [1.0, 5.0, 1.0, 5.0, 1.0, 5.0], [3, 1, 1, 1, 1, 1]
+    examples = [prm.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i, multiplicity=count)
+                for i, (label, count) in enumerate(zip(labels, counts))]
+    assert prm_metrics.orientation(examples, lengths) == 1
+    once = [prm.Example([1], False, e.label, e.key, state_id=e.state_id, row=e.row) for e in examples]
+    assert prm_metrics.orientation(once, lengths) == -1
 
 
 def test_pairwise_loss_orders_siblings_of_one_state_only():
@@ -705,18 +760,18 @@ def test_the_quality_gate_fails_a_collapsed_prm_and_one_that_ranks_below_a_basel
     learned = prm_metrics.quality_gate({**held_out, "mean_prediction": 0.1, "std_prediction": 0.15},
                                        ranking_of(prm=(0.7, 0.05), candidate_length=(0.68, 0.087),
                                                   constant_mean=(0.5, 0.137)), gate_settings())
-    assert learned["status"] == "passed" and len(learned["checks"]) == 4
+    assert learned["status"] == "passed" and len(learned["checks"]) == 3 and len(learned["reported"]) == 1
     alike = prm_metrics.quality_gate(None, {**ranking_of(prm=(None, 0.0), constant_mean=(None, 0.0)),
                                            "pairs_with_different_labels": 0}, gate_settings())
-    assert alike["status"] == "not_measured"          # siblings all labelled alike: no pick is better
+    assert alike["status"] == "not_judged"          # siblings all labelled alike: no pick is better
     nothing = prm_metrics.quality_gate(None, None, gate_settings())
-    assert nothing == {"status": "not_measured", "checks": [], "not_measured": nothing["not_measured"]}
-    assert len(nothing["not_measured"]) == 3
+    assert nothing == {"status": "not_judged", "checks": [], "reported": [], "not_judged": nothing["not_judged"]}
+    assert len(nothing["not_judged"]) == 3
     few = prm_metrics.quality_gate(None, {**ranking_of(prm=(1.0, 0.0), constant_mean=(0.5, 0.1), width=0.0),
                                          "pairs_with_different_labels": prm_metrics.MIN_RANKED_PAIRS - 1},
                                    gate_settings())
-    assert few["status"] == "not_measured"
-    assert "5 held-out sibling pairs with different labels" in few["not_measured"][1]
+    assert few["status"] == "not_judged"
+    assert "5 held-out sibling pairs with different labels" in few["not_judged"][1]
     assert "FAIL spread" in prm_metrics.gate_lines(gate)
 
 
@@ -760,30 +815,96 @@ def test_a_prm_whose_predictions_are_nan_fails_its_gate_by_name_not_in_scikit_le
         prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
 
 
-def test_a_random_prm_on_random_labels_rarely_passes_the_ranking_checks():
-    """The simulation of the issue: 40 states of 4 siblings with random labels and a random PRM. Compared on point
-    estimates the random PRM often beats every baseline; on paired intervals it almost never does."""
+def test_a_gate_whose_ranking_was_not_measured_is_not_judged_not_passed():
+    """The issue's case: predictions that spread and sit on the mean label, 3 differently labelled held-out pairs: the
+    ranking checks cannot be judged, and a gate with no ranking evidence does not pass. Neither does one whose
+    evidence sits in one instance per game (a bootstrap over one instance has no width)."""
+    held_out = {"mean_label": 0.3, "mean_prediction": 0.3, "std_label": 0.2, "std_prediction": 0.15}
+    ranking = {**ranking_of(prm=(1.0, 0.0), candidate_length=(0.5, 0.2), policy_logprob=(0.5, 0.2),
+                            constant_mean=(0.5, 0.2), width=0.0), "pairs_with_different_labels": 3}
+    gate = prm_metrics.quality_gate(held_out, ranking, gate_settings())
+    assert gate["status"] == "not_judged" and all(check["passed"] for check in gate["checks"])
+    assert [check["check"] for check in gate["checks"]] == ["spread"]
+    assert "3 held-out sibling pairs with different labels" in gate["not_judged"][0]
+    one_each = prm_metrics.quality_gate(held_out, {**ranking, "pairs_with_different_labels": 12,
+                                                   "ranked_instances": {"g1": 1, "g2": 4}}, gate_settings())
+    assert one_each["status"] == "not_judged" and "g1 1;" in one_each["not_judged"][0]
+    assert "NOT JUDGED pairwise_accuracy" in prm_metrics.gate_lines(one_each)
+    enough = {**ranking, "pairs_with_different_labels": 12, "ranked_instances": {"g1": 3, "g2": 4}}
+    assert prm_metrics.quality_gate(held_out, enough, gate_settings())["status"] == "passed"
+
+
+def test_a_gate_not_judged_stops_a_run_that_asks_to_stop_and_warns_in_one_that_goes_on(caplog):
+    from clemprm.checks.run_time import StageFailure
+
+    gate = prm_metrics.quality_gate(None, None, gate_settings())
+    with pytest.raises(StageFailure, match=r"quality gate was not judged: spread and mean: no held-out labels .*"
+                                           r"prm.gate.on_failure: continue"):
+        prm.gate_marks(gate, "stop")
+    with caplog.at_level("WARNING", logger=prm.log.name):
+        assert prm.gate_marks(gate, "continue") == []
+    assert "PRM QUALITY GATE NOT JUDGED" in caplog.text
+
+
+def test_calibration_decides_the_gate_only_where_a_search_multiplies_the_prm_values():
+    """A PRM that ranks siblings well but sits 0.2 off the mean label: an argmax among siblings (best_of_n) or a beam's
+    last score does not read the offset, beam search's product does."""
+    from clemprm.modes import probability_search
+
+    held_out = {"mean_label": 0.1, "mean_prediction": 0.3, "std_label": 0.2, "std_prediction": 0.15}
+    ranking = ranking_of(prm=(0.8, 0.02), candidate_length=(0.6, 0.1), policy_logprob=(0.55, 0.12),
+                         constant_mean=(0.5, 0.137))
+    argmax = prm_metrics.quality_gate(held_out, ranking, gate_settings())
+    assert argmax["status"] == "passed" and "mean" not in {check["check"] for check in argmax["checks"]}
+    assert [(check["check"], check["passed"]) for check in argmax["reported"]] == [("mean", False)]
+    assert "REPORTED mean" in prm_metrics.gate_lines(argmax)
+    product = prm_metrics.quality_gate(held_out, ranking, gate_settings(), probabilities=True)
+    assert product["status"] == "failed" and product["reported"] == []
+    assert [check["check"] for check in product["checks"] if not check["passed"]] == ["mean"]
+    beam = {"modes": ["greedy_sft", "beam_search", "beam_search_rule"], "aggregation": "prod"}
+    assert probability_search(beam)
+    assert not probability_search({**beam, "aggregation": "last"})
+    assert not probability_search({"modes": ["best_of_n", "beam_search_logprob"], "aggregation": "prod"})
+
+
+def random_heldout_ranking(seed: int, games: int, instances_per_game: int, samples: int) -> dict:
+    """``ranking_metrics`` on held-out-like states with random labels, a random PRM and random candidate-aware
+    baselines: ``games`` games of ``instances_per_game`` instances, each of 1-3 states of 4 siblings."""
     import random
 
-    def draw(seed):
-        rng = random.Random(seed)
-        examples = [prm.Example([1], False, rng.choice([0.0, 0.25, 0.5, 1.0]), ("g", "e", str(state // 2)),
-                                state_id=str(state), row=4 * state + j) for state in range(40) for j in range(4)]
-        scorers = {"prm": [rng.random() for _ in examples], "candidate_length": [rng.random() for _ in examples],
-                   "policy_logprob": [rng.random() for _ in examples], "constant_mean": [0.0] * len(examples)}
-        return prm_metrics.ranking_metrics(examples, scorers, 200, seed, 0.95)
+    rng = random.Random(seed)
+    examples = []
+    for game in range(games):
+        for instance in range(instances_per_game):
+            for state in range(rng.randint(1, 3)):
+                examples += [prm.Example([1], False, rng.choice([0.0, 0.25, 0.5, 1.0]),
+                                         (f"g{game}", "e", str(instance)), state_id=f"{game}/{instance}/{state}",
+                                         row=len(examples) + j)
+                             for j in range(4)]
+    scorers = {"prm": [rng.random() for _ in examples], "candidate_length": [rng.random() for _ in examples],
+               "policy_logprob": [rng.random() for _ in examples], "constant_mean": [0.0] * len(examples)}
+    return prm_metrics.ranking_metrics(examples, scorers, samples, seed, 0.95)
 
+
+def test_a_random_prm_on_random_labels_passes_the_gate_in_at_most_5_percent_of_draws():
+    """The issue's simulation. With one held-out instance per game the within-game bootstrap has no width, and a
+    random PRM ahead on the point estimates passed (22 of 100 draws before instances were counted): now that is too
+    little evidence, not judged (40 draws). With 3 instances per game (prm_metrics.MIN_RANKED_INSTANCES) it
+    passes in at most 5 of 100; ahead of both candidate-aware baselines on points alone, it is in many more."""
     held_out = {"mean_label": 0.4, "mean_prediction": 0.4, "std_label": 0.3, "std_prediction": 0.3}
-    rankings = [draw(seed) for seed in range(30)]
+    single = [random_heldout_ranking(seed, 3, 1, 200) for seed in range(40)]
+    verdicts = [prm_metrics.quality_gate(held_out, ranking, gate_settings())["status"] for ranking in single]
+    assert "passed" not in verdicts and "not_judged" in verdicts
+    several = [random_heldout_ranking(seed, 3, prm_metrics.MIN_RANKED_INSTANCES, 200) for seed in range(100)]
     passed = [prm_metrics.quality_gate(held_out, ranking, gate_settings())["status"] == "passed"
-              for ranking in rankings]
+              for ranking in several]
     ahead_on_points = [all(r["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] >
                            r["scorers"][name]["overall"]["pairwise_accuracy"]["value"]
-                           for name in ("candidate_length", "policy_logprob")) for r in rankings]
-    assert sum(passed) <= 1 < sum(ahead_on_points)
-    differences = rankings[0]["differences"]
+                           for name in ("candidate_length", "policy_logprob")) for r in several]
+    assert sum(passed) <= 5 < sum(ahead_on_points)
+    differences = several[0]["differences"]
     assert set(differences) == {"candidate_length", "policy_logprob", "constant_mean"}
-    point = rankings[0]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] - rankings[0]["scorers"][
+    point = several[0]["scorers"]["prm"]["overall"]["pairwise_accuracy"]["value"] - several[0]["scorers"][
         "candidate_length"]["overall"]["pairwise_accuracy"]["value"]
     assert differences["candidate_length"]["overall"]["pairwise_accuracy"]["value"] == pytest.approx(point)
 
@@ -803,9 +924,13 @@ def test_balanced_label_weights_give_each_class_half_of_the_loss():
     assert prm.prm_loss(logits, labels, groups, "bce", 0.0) == pytest.approx(float(per_pair.mean()))
 
 
-def test_the_trained_prm_passes_its_gate(trained):
+def test_the_trained_prm_passes_every_check_its_few_held_out_states_can_judge(trained):
+    """6 held-out instances give 4 differently labelled sibling pairs: the checks judged pass, the ranking is not
+    judged, and the gate says so rather than passing on no ranking evidence."""
     gate = trained["metrics"]["gate"]
-    assert gate["status"] == "passed", prm_metrics.gate_lines(gate)
+    assert gate["status"] == "not_judged", prm_metrics.gate_lines(gate)
+    assert gate["checks"] and all(check["passed"] for check in gate["checks"]), prm_metrics.gate_lines(gate)
+    assert all("held-out sibling pairs with different labels" in what for what in gate["not_judged"])
 
 
 @pytest.fixture(scope="module")
@@ -885,6 +1010,38 @@ def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_sear
     assert "prm_not_learned" in page and "best_of_n ran on a PRM that did not pass its quality gate" in page
 
 
+def test_a_gate_not_judged_is_a_warning_in_the_summary_the_table_and_the_report(trained, tmp_path, scripted_policy):
+    """The trained PRM's gate is not judged (4 held-out pairs): every mode that searched with it says so in
+    prm_eval.json's warnings, the results table and the report's front page; it is no failure mark."""
+    from clemprm.evaluation import console, evaluate, report
+    from clemprm.play.engine import Generation
+    from tests.test_evaluation import SETTINGS, ScriptedPRM
+
+    assert trained["metrics"]["gate"]["status"] == "not_judged" and not trained["metrics"].get("failure_marks")
+
+    class Policy(scripted_policy):
+        def generate(self, perspectives, seeds=None, **kwargs):
+            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2)
+                    for _ in perspectives]
+
+    paths = {}
+    for mode in ("greedy_sft", "best_of_n"):
+        paths[mode] = str(tmp_path / f"{mode}.parquet")
+        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=Policy(None, name=mode),
+                               prm=ScriptedPRM(lambda messages, candidate: 0.5))
+    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "prm_eval.json"),
+                                      prm_metrics_path=str(trained["dir"] / "metrics.json"))
+    assert summary["modes"]["best_of_n"]["prm_gate"] == "not_judged" and summary["upstream_warnings"] == []
+    (warning,) = summary["warnings"]
+    assert warning.startswith("best_of_n ran on a PRM whose quality gate was not judged (no evidence is no pass)")
+    assert "held-out sibling pairs with different labels" in warning
+    table = console.summary_table(summary)
+    assert "best_of_n (PRM gate not judged)" in table and "quality gate: not_judged, WARNING" in table
+    report.write_warnings_page(summary, tmp_path / "warnings.html")
+    page = (tmp_path / "warnings.html").read_text()
+    assert "No stage went on after a failure" in page and "<strong>WARNING:</strong> best_of_n ran on a PRM" in page
+
+
 def test_matching_a_perfect_baseline_passes_but_matching_an_imperfect_one_does_not():
     held_out = {"mean_label": 0.5, "mean_prediction": 0.5, "std_label": 0.3, "std_prediction": 0.3}
     perfect = prm_metrics.quality_gate(held_out, ranking_of(prm=(1.0, 0.0), policy_logprob=(1.0, 0.0),
@@ -894,3 +1051,18 @@ def test_matching_a_perfect_baseline_passes_but_matching_an_imperfect_one_does_n
                                                         constant_mean=(0.5, 0.2)), gate_settings())
     assert tie["status"] == "failed" and {c["check"] for c in tie["checks"] if not c["passed"]} == {
         "pairwise_accuracy", "top1_regret"}
+
+
+def test_a_capped_gradient_accumulation_is_a_warning(tmp_path, test_cache_dir, caplog):
+    """The cap that keeps an epoch's optimizer step changes the effective batch: a WARNING line (it was INFO)."""
+    import logging
+
+    settings = prm_settings(epochs=1, batch_size=8, grad_accum=16, validation_fraction=0.0)
+    labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:24])
+    with caplog.at_level(logging.INFO, logger="clemprm"):
+        prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
+                      on_failure="continue")
+    capped = [record for record in caplog.records if "gradient accumulation capped" in record.getMessage()]
+    assert [record.levelname for record in capped] == ["WARNING"]
+    assert capped[0].getMessage().endswith("(of prm.grad_accum 16) so that every epoch makes an optimizer step: the "
+                                           "effective batch is 24, not 128")

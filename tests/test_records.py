@@ -118,7 +118,8 @@ def test_provenance_of_a_missing_file_names_it(tmp_path):
 @pytest.mark.parametrize("path, rule", [
     ("results/rollouts/base_train.parquet", "base_rollouts"), ("results/sft/sft_data.parquet", "win_filter"),
     ("results/labels/branch_points.parquet", "branch_points"), ("results/labels/shards/0-of-2.parquet", "soft_labels"),
-    ("results/labels/soft_labels.parquet", "gather_soft_labels"), ("results/eval/best_of_n.parquet", "eval_mode")])
+    ("results/labels/soft_labels.parquet", "gather_soft_labels"), ("results/labels/answers.parquet", "gather_answers"),
+    ("results/eval/best_of_n.parquet", "eval_mode")])
 def test_a_corrupt_record_file_names_the_rule_to_force(tmp_path, path, rule):
     """Snakemake remakes a file only when it is older than its inputs: a corrupt one newer than them stays until
     forced."""
@@ -134,3 +135,15 @@ def test_a_corrupt_record_file_names_the_rule_to_force(tmp_path, path, rule):
     other.write_bytes(b"PAR1 not a parquet file")
     with pytest.raises(records.RecordFileError, match=r"elsewhere.parquet: [^(]*$"):   # no rule writes it: no hint
         records.read_table(other)
+
+
+def test_branch_points_of_older_code_without_multiplicity_fail_naming_the_column_and_the_rule(real_files, tmp_path):
+    """A branch-point file written before the multiplicity column (a run of older code) is refused, naming the
+    column and the rule that remakes it, rather than read as if every answer were sampled once."""
+    old = pq.read_table(real_files["branch_points"]).drop_columns(["multiplicity"])
+    path = tmp_path / "results/labels/branch_points.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(old, path)
+    with pytest.raises(records.RecordFileError, match=re.escape("lacks columns ['multiplicity']") + r".*"
+                       + re.escape("snakemake --forcerun branch_points remakes it")):
+        records.read_records(path, records.BRANCH_POINTS)

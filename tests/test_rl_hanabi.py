@@ -19,7 +19,7 @@ from clemprm.play.catalog import GameCatalog
 from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.games.hanabi.rewards import turn_rewards
 from clemprm.stages.rl_states import write_states
-from clemprm.models.loader import build_tiny_model
+from clemprm.models.tiny import build_tiny_model
 from clemprm.rl import grpo, rewards, trainer
 from clemprm.rl.logprobs import answer_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn, collect_groups
@@ -36,7 +36,9 @@ def hanabi_rl_settings(spec: str = "tiny:0", **rl) -> dict:
     rl = {"data": "states", "lora": FRESH_LORA, "loss": "importance_sampling", "temperature": 1.0,
           "max_new_tokens": 16, "group_size": 3, "instances_per_step": 2, "steps": 1,
           "reward": {"source": "turn_scores", "turn_weights": WEIGHTS}, **rl}
-    config = tiny_config(model={"spec": spec}, games=HANABI, rl={"algorithms": ["grpo", "prime"], **rl})
+    config = tiny_config(model={"spec": spec}, games=HANABI, rl={"algorithms": ["grpo"], **rl},   # prime refuses
+                         merge={"adapters": ["sft", "prm", "rl_grpo"]},                     # per-turn rewards
+                         eval={"modes": ["greedy_base", "greedy_rl_grpo"]})
     return rl_params(config, "grpo")
 
 
@@ -44,7 +46,8 @@ def hanabi_rl_settings(spec: str = "tiny:0", **rl) -> dict:
 def states_file(tmp_path_factory) -> str:
     """The hanabi prompt set of two train deck orders, three states of each game."""
     path = tmp_path_factory.mktemp("states") / "states.parquet"
-    write_states(hanabi_rl_settings()["games"], str(path), max_per_episode=3)
+    settings = hanabi_rl_settings()
+    write_states(settings["games"], str(path), settings["seed"], max_per_episode=3)
     return str(path)
 
 
@@ -55,7 +58,7 @@ def tokens(tokenizer, text: str) -> list[int]:
 def test_states_data_feeds_the_trainer_single_turn_prompts(states_file, test_cache_dir):
     settings = hanabi_rl_settings()
     rl_settings = settings["rl"]
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])   # the draw the states were written from
     schedule = trainer.state_schedule(catalog, states_file, rl_settings["instances_per_step"], 3, settings["seed"])
     all_states = records.read_records(states_file, records.STATES)
     assert [len(step) for step in schedule] == [2, 2, 2]
@@ -98,9 +101,11 @@ def test_train_rl_on_states_writes_per_turn_scores(states_file, test_cache_dir, 
         assert step["turn_reward"]["mean"] == pytest.approx(step["reward"]["mean"])
     adapter_config = json.loads((tmp_path / "rl" / "adapter_config.json").read_text())
     assert "lm_head" in adapter_config["target_modules"] and adapter_config["r"] == 4
+    outcome = hanabi_rl_settings()   # the config refuses this pair at parse time; train_rl refuses it too
+    outcome["rl"]["reward"]["source"] = "success_played"
     with pytest.raises(ValueError, match="rl.data states trains single turns"):
-        trainer.train_rl(hanabi_rl_settings(reward={"source": "success_played"}), None, str(tmp_path / "x"),
-                         str(tmp_path / "x.json"), test_cache_dir, states=states_file)
+        trainer.train_rl(outcome, None, str(tmp_path / "x"), str(tmp_path / "x.json"), test_cache_dir,
+                         states=states_file)
 
 
 def tokenised(policy):
@@ -199,7 +204,7 @@ def test_a_fresh_lora_on_a_tied_lm_head_trains_and_merges(states_file, test_cach
     base = model.get_base_model()
     assert base.lm_head.weight is base.model.embed_tokens.weight   # tied
     embedding = base.model.embed_tokens.weight.detach().clone()
-    rl = trainer.RLTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
+    rl = trainer.RLTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"], settings["seed"]))
     assert rl.optimizer.param_groups[0]["betas"] == (0.9, 0.95)
     row = records.read_records(states_file, records.STATES)[0]
     prompt = tokens(tokenizer, rl.policy.render(list(row["messages"])))

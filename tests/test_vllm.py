@@ -250,13 +250,12 @@ def test_the_server_scores_candidates_as_the_policy_s_weights_do(server, smollm2
     assert LogprobScorer(served).score([too_long]) == pytest.approx(LogprobScorer(engine).score([too_long]), abs=2e-3)
 
 
-def test_logprob_modes_are_refused_with_a_shared_server_at_parse_time():
+def test_logprob_modes_are_refused_with_a_shared_server_at_parse_time(tmp_path):
     """A server at generation.vllm.url serves every job at once, and vLLM computes prompt log-probs right only for
     one request at a time (issue 16668): the log-prob controls are refused there when the Snakefile is parsed; a
     server each job starts (generation.vllm.python) plays them."""
-    import sys
-
     from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
+    from tests.test_parse_time import python_with_vllm
 
     modes = {"modes": ["greedy_sft", "best_of_n_logprob", "beam_search_logprob"]}
     with pytest.raises(ConfigInputError, match=(
@@ -266,7 +265,7 @@ def test_logprob_modes_are_refused_with_a_shared_server_at_parse_time():
         check_config_inputs(load_config(overrides={
             "generation": {"backend": "vllm", "vllm": {"url": "http://127.0.0.1:8000"}}, "eval": modes}))
     check_config_inputs(load_config(overrides={
-        "generation": {"backend": "vllm", "vllm": {"python": sys.executable}}, "eval": modes}))
+        "generation": {"backend": "vllm", "vllm": {"python": python_with_vllm(tmp_path)}}, "eval": modes}))
 
 
 # ------------------------------------------------------------- several processes: one server per rank

@@ -9,12 +9,14 @@ fixture games (tests/test_clembench.py checks those, and a game whose every epis
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pyarrow.parquet as pq
@@ -23,8 +25,10 @@ import yaml
 
 from clemprm import records
 from clemprm.evaluation import console, evaluate, report
-from clemprm.config import deep_merge, load_config
-from tests.conftest import TESTS_SHAPE, CompletedRun, copy_of_run
+from clemprm.evaluation.inspect import inspect_file
+from clemprm.config import deep_merge, eval_mode_params, load_config, policy_sections
+from clemprm.workflow import job_settings, rule_params
+from tests.conftest import TESTS_SHAPE, CompletedRun, copy_of_run, tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
@@ -136,13 +140,9 @@ def workdir(tmp_path, test_cache_dir):
 
 
 def changed_config(run: CompletedRun, folder: Path, **sections) -> Path:
-    """The completed run's config with ``sections`` updated, as a new file in ``folder``."""
-    config = yaml.safe_load((run.workdir / "tiny.yaml").read_text())
-    for name, values in sections.items():
-        if isinstance(values, dict):
-            config.setdefault(name, {}).update(values)
-        else:
-            config[name] = values
+    """The completed run's config with ``sections`` merged into it (a nested dict changes only the keys it names), as
+    a new file in ``folder``."""
+    config = deep_merge(yaml.safe_load((run.workdir / "tiny.yaml").read_text()), sections)
     path = folder / "changed.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -154,13 +154,31 @@ def changed_config(run: CompletedRun, folder: Path, **sections) -> Path:
 def test_dry_run_lists_the_rules(workdir):
     planned = planned_rules(snakemake(workdir, "-n").stdout)
     assert {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
-            "prm_adapter", "eval_summary", "all", *DEFAULT_EVAL_MODES} <= planned
+            "gather_answers", "prm_adapter", "eval_summary", "all", *DEFAULT_EVAL_MODES} <= planned
 
 
 def test_malformed_config_fails_at_parse_time_naming_the_key(workdir):
     result = snakemake(workdir, "-n", "--config", "seed=-3", check=False)
     assert result.returncode != 0
     assert "'seed'" in result.stdout + result.stderr
+
+
+def test_a_rules_params_leave_out_what_only_says_how_its_job_runs():
+    """The params (the rerun trigger) hold no thread count, shard count, checkpoint cadence, bootstrap count or gate
+    action, and games.max_instances only of the splits the rule plays; the job gets the whole settings back."""
+    config = tiny_config(eval={"split": "test"})
+    labels = policy_sections(config, "seed", "model", "games", "labels")
+    params = rule_params("soft_labels", labels, config)
+    assert "threads" not in params["model"] and "shards" not in params["labels"]
+    assert "checkpoint_every" not in params["labels"] and set(params["games"]["max_instances"]) == {"train"}
+    job = SimpleNamespace(rule="soft_labels", params=SimpleNamespace(settings=params), config=config)
+    assert job_settings(job) == labels
+    mode = eval_mode_params(config, "best_of_n")
+    params = rule_params("eval_mode", mode, config)
+    assert set(params["games"]["max_instances"]) == {"test"} and "bootstrap_samples" not in params["prm"]
+    assert "on_failure" not in params["prm"]["gate"] and "min_spread_ratio" in params["prm"]["gate"]
+    assert job_settings(SimpleNamespace(rule="eval_mode", params=SimpleNamespace(settings=params), config=config)) \
+        == mode
 
 
 # ------------------------------------------------------------------------------ the completed run, stage by stage
@@ -192,6 +210,19 @@ def test_branch_points_and_soft_labels(completed_run):
     assert bps and [row["bp_id"] for row in soft_labels] == [bp["bp_id"] for bp in bps]
     assert all(0 <= row["label"] <= 1 and row["k"] in (0, 2) for row in soft_labels)
     assert sorted(p.name for p in (results / "labels/shards").iterdir()) == ["0-of-2.parquet", "1-of-2.parquet"]
+
+
+def test_answers_with_verdicts(completed_run):
+    """gather_answers ran in the DAG: the train answers of the base rollouts, the SFT policy's trajectories and the
+    label continuations, each with the game's verdict; `clemprm inspect` reads them."""
+    results = completed_run.workdir / "results"
+    rows = records.read_records(results / "labels/answers.parquet", records.ANSWERS, splits=records.TRAIN_SPLITS)
+    assert {"base_rollouts", "sft_trajectories", "label_continuations"} <= {row["source"] for row in rows}
+    assert all(row["parse_ok"] is not None and row["count"] >= 1 for row in rows)
+    base_turns = sum(episode["n_turns"] for episode in records.read_records(
+        results / "rollouts/base_train.parquet", records.EPISODES))
+    assert sum(row["count"] for row in rows) > base_turns   # the later stages' plays too
+    assert "first played in: base_rollouts" in inspect_file(results / "labels/answers.parquet")
 
 
 def test_prm_adapter(completed_run):
@@ -328,7 +359,8 @@ def test_a_completed_run_is_up_to_date(completed_run):
     assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
 
 
-UPSTREAM = ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels")
+UPSTREAM = ("base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
+            "gather_answers")
 
 # (config change, rules that must rerun, rules that must not); None: exactly the rules that must rerun
 RERUNS = {
@@ -337,7 +369,8 @@ RERUNS = {
                     "eval_summary"}, {"base_rollouts", "greedy_base"}),
     "sft": ({"sft": {"lr": 2e-3}}, {"sft_adapter", "branch_points", "greedy_sft", "best_of_n", "merge"},
             {"base_rollouts", "win_filter", "greedy_base"}),
-    "labels": ({"labels": {"k": 3}}, {"soft_labels", "gather_soft_labels", "prm_adapter", "best_of_n"},
+    "labels": ({"labels": {"k": 3}},
+               {"soft_labels", "gather_soft_labels", "gather_answers", "prm_adapter", "best_of_n"},
                {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}),
     "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "eval_summary", "merge"},
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n_logprob"}),
@@ -351,10 +384,6 @@ RERUNS = {
     "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
               set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob",
                                "rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
-    # where models are cached is not a rerun trigger
-    "cache_dir": ({"cache_dir": "elsewhere"}, set(), None),
-    # nor is the tracker the training curves go to
-    "tracking": ({"tracking": {"report_to": "tensorboard"}}, set(), None),
 }
 
 
@@ -369,6 +398,107 @@ def test_a_config_change_reruns_only_what_it_touches(completed_run, tmp_path, ch
         assert rerun <= planned and not planned & kept, planned
     if not planned:
         assert "Nothing to be done" in dry_run.stdout + dry_run.stderr
+
+
+# docs/configuration.md's table "What a changed key reruns": each key's new value here (a row without one fails)
+KEY_CHANGES = {
+    "model.threads": 2, "model.spec": "tiny:1", "games.parse_mode": "strict", "games.max_instances.train": 3,
+    "games.max_instances.validation": 2, "games.max_instances.test": 2, "base_rollouts.temperature": 0.5,
+    "win_filter.min_bench_score": 50.0, "sft.lr": 2e-3, "branch_points.siblings": 3, "labels.k": 3,
+    "labels.shards": 3, "labels.checkpoint_every": 5, "prm.lr": 1e-3, "prm.ci": 0.9,
+    "prm.gate.min_spread_ratio": 0.5, "prm.bootstrap_samples": 200, "prm.gate.on_failure": "stop",
+    "eval.split": "test", "eval.bootstrap_samples": 150, "rl.lr": 1e-4, "score.lr": 1e-4, "merge.dtype": "bfloat16",
+    "on_failure": "stop", "cache_dir": "elsewhere", "tracking.report_to": "tensorboard",
+    "generation.vllm.concurrency": 8,
+}
+
+
+def documented_reruns() -> dict[str, str]:
+    """The rows of docs/configuration.md's table "What a changed key reruns": key -> its "reruns" cell."""
+    text = (REPO / "docs" / "configuration.md").read_text()
+    table = text.split("### What a changed key reruns", 1)[1].split("\n#", 1)[0]
+    return dict(re.findall(r"^\| `([\w.]+)` \| ([^|]+) \|", table, flags=re.MULTILINE))
+
+
+def nested(key: str, value) -> dict:
+    """``{"a": {"b": value}}`` for the dotted key ``a.b``."""
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def holds(condition: str, config: dict) -> bool:
+    """Whether a cell's condition (`` `key` is `value` `` or `` `key` is not `value` ``, joined by "and") holds."""
+    clauses = re.findall(r"`([\w.]+)` is (not )?`([^`]*)`", condition)
+    assert clauses, f"no condition in {condition!r}"
+    found = []
+    for key, negated, value in clauses:
+        actual = config
+        for part in key.split("."):
+            actual = actual[part]
+        found.append((actual == yaml.safe_load(value)) != bool(negated))
+    return all(found)
+
+
+def documented_rules(cell: str, config: dict) -> set[str]:
+    """The rules a "reruns" cell names whose condition holds in ``config``: items separated by ", " outside brackets,
+    each one or more `rule` names joined by "and", with an optional "(when ...)" condition; "nothing" names none."""
+    if cell.strip() == "nothing":
+        return set()
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(cell):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(cell[start:i])
+            start = i + 1
+    items.append(cell[start:])
+    rules = set()
+    for item in items:
+        names, _, condition = item.strip().partition(" (when ")
+        if not condition or holds(condition.rstrip(")"), config):
+            rules |= set(re.findall(r"`(\w+)`", names))
+    return rules
+
+
+def test_the_rerun_table_has_a_change_for_every_key():
+    assert set(documented_reruns()) == set(KEY_CHANGES)
+
+
+@pytest.mark.parametrize("key", list(KEY_CHANGES))
+def test_a_changed_key_reruns_what_the_docs_say(completed_run, tmp_path, key):
+    """A dry run with one key changed plans what a dry run forcing the rules of its docs row plans (those rules and
+    every rule after them), on the completed tiny run."""
+    config = load_config(completed_run.workdir / "tiny.yaml")
+    rules = documented_rules(documented_reruns()[key], config)
+    changed = snakemake(completed_run.workdir, "-n",
+                        configfile=changed_config(completed_run, tmp_path, **nested(key, KEY_CHANGES[key])))
+    planned = planned_rules(changed.stdout)
+    if not rules:
+        assert planned == set() and "Nothing to be done" in changed.stdout + changed.stderr, planned
+        return
+    forced = forced_rules(completed_run.workdir, tuple(sorted(rules)))
+    assert planned == forced, f"{key}: planned {sorted(planned)}, the docs' rules force {sorted(forced)}"
+
+
+@functools.cache
+def forced_rules(workdir: Path, rules: tuple[str, ...]) -> set[str]:
+    """The jobs (:func:`planned_rules`) a dry run forcing ``rules`` plans on the run in ``workdir``: those rules' and
+    every job after them. Once per set of rules (several rows name the same)."""
+    return planned_rules(snakemake(workdir, "-n", "--forcerun", *rules).stdout)
+
+
+def test_a_job_reads_the_keys_its_params_leave_out(completed_run):
+    """The keys left out of the params (clemprm.workflow.unread_keys) still reach the jobs: their records'
+    provenance shows the run's values."""
+    run = load_config(completed_run.workdir / "tiny.yaml")
+    shard = records.read_provenance(completed_run.workdir / "results/labels/shards/0-of-2.parquet")["config"]
+    assert shard["labels"]["shards"] == 2 and shard["labels"]["checkpoint_every"] == run["labels"]["checkpoint_every"]
+    assert shard["model"]["threads"] == run["model"]["threads"]
+    assert shard["games"]["max_instances"] == run["games"]["max_instances"]
+    prm = json.loads((completed_run.workdir / "results/prm/metrics.json").read_text())["config"]
+    assert prm["prm"]["bootstrap_samples"] == run["prm"]["bootstrap_samples"]
+    summary = json.loads((completed_run.workdir / "results/prm_eval.json").read_text())["config"]
+    assert summary["games"]["max_instances"] == run["games"]["max_instances"]
 
 
 def test_a_changed_section_reruns_its_stage_for_real(completed_run, tmp_path):

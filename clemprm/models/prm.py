@@ -19,6 +19,11 @@ Text of a pair
     gives the tokenizer a pad token that differs from the end-of-turn token, and batches are padded on the right
     (recurrent layers such as Qwen3.5's Gated DeltaNet never see padding before a real token). Pairs with the same
     prefix messages share their common token prefix (:mod:`clemprm.models.scoring`).
+
+Kinds (``prm.kind``)
+    ``lora`` is the model above. ``probe`` (:mod:`clemprm.models.probe`) reads the frozen policy's hidden states of
+    the same text into linear heads: :class:`ProbeScorer`, a :class:`PRMScorer` with the same ``score(pairs)``,
+    text and counters. :func:`load_prm` returns either from the config's ``prm`` section.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import time
 
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model, resolve_dtype
 from clemprm.modes import PRM_INPUT_REGIMES
+from clemprm.models.probe import ProbeFeatures, ProbeHead, policy_model_config, read_probe_config
 from clemprm.models.scoring import (PrefixGroup, ScorerStats, forward_on_shared_prefixes, group_batches, micro_batches,
                                     pad_right, prefix_sharing_problem, shared_prefix_groups)
 from clemprm.play.chat import render_answered
@@ -152,8 +158,39 @@ def prm_model_config(model_settings: dict, prm_settings: dict, adapter_dir: str 
                                   "adapter": adapter_dir, "cache_dir": cache_dir})
 
 
+class ProbeScorer(PRMScorer):
+    """P(success) from a probe PRM (``prm.kind: probe``, :mod:`clemprm.models.probe`): this class's text, batching
+    and counters, with :meth:`score_ids` reading the frozen policy's hidden-state features into the probe's heads
+    instead of a classifier's logit."""
+
+    def __init__(self, features: ProbeFeatures, head: ProbeHead, *, input: str = "candidate", max_length: int = 1024):
+        super().__init__(features.cfg, input=input, max_length=max_length, token_budget=features.token_budget,
+                         tokenizer=features.tokenizer, model=features.model, share_prefixes=False)
+        self.features, self.head = features, head
+
+    def score_ids(self, sequences: list[list[int]], keys: list | None = None) -> list[float]:
+        """P(success) of already encoded pairs (``keys`` unused: every pair is read in full, see
+        :class:`~clemprm.models.probe.ProbeFeatures`)."""
+        import torch
+
+        if not sequences:
+            return []
+        with torch.inference_mode():
+            return torch.sigmoid(self.head.logits(self.features.of(sequences))).tolist()
+
+
 def load_prm(model_settings: dict, prm_settings: dict, adapter_dir: str, cache_dir: str | None = None) -> PRMScorer:
-    """The trained PRM of ``adapter_dir`` as a scorer, from the config's ``model`` and ``prm`` sections."""
+    """The trained PRM of ``adapter_dir`` as a scorer, from the config's ``model`` and ``prm`` sections: a LoRA
+    classifier, or (``prm.kind: probe``) a probe on the policy its folder names."""
+    if prm_settings.get("kind", "lora") == "probe":
+        config = read_probe_config(adapter_dir)
+        cfg = policy_model_config({**model_settings, "spec": config["policy"]["spec"]}, {},
+                                  config["policy"]["sft_adapter"], cache_dir)
+        tokenizer, model = load_tokenizer_and_model(cfg, for_training=False)
+        features = ProbeFeatures(cfg, tokenizer, model, config["layers"], config["window"],
+                                 prm_settings["score_batch_tokens"])
+        return ProbeScorer(features, ProbeHead.load(adapter_dir, config["combination"]), input=config["input"],
+                           max_length=config["max_length"])
     cfg = prm_model_config(model_settings, prm_settings, adapter_dir, cache_dir)
     return PRMScorer(cfg, input=prm_settings["input"], max_length=prm_settings["max_length"],
                      token_budget=prm_settings["score_batch_tokens"])

@@ -242,7 +242,7 @@ def train_score(settings: dict, sft_adapter: str, adapter_dir: str, metrics_path
     if score["stage1_steps"] + score["stage2_steps"] < 1:
         raise ValueError("config keys 'score.stage1_steps' + 'score.stage2_steps': SCoRe needs at least one step")
     torch.manual_seed(int(settings["seed"]))
-    catalog = GameCatalog(score_games_config(settings["games"], score["games"]))
+    catalog = GameCatalog(score_games_config(settings["games"], score["games"]), settings["seed"])
     steps = score["stage1_steps"] + score["stage2_steps"]
     schedule = instance_schedule(catalog.all_instances("train"), score["instances_per_step"], steps,
                                  int(settings["seed"]))

@@ -80,7 +80,7 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
 
     check_single_player_games(settings)
     eval_settings = settings["eval"]
-    catalog = GameCatalog(score_games_config(settings["games"], settings["score"]["games"]))
+    catalog = GameCatalog(score_games_config(settings["games"], settings["score"]["games"]), settings["seed"])
     marks = check_instances(f"eval {MODE}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, eval_settings["max_new_tokens"]))
@@ -190,7 +190,7 @@ def self_correction_summary(rows: list[dict], samples: int, seed: int, ci: float
                "difference": {}}
     if set(tables) == set(ROLES):
         score, sft = tables["score"], tables["sft"]
-        difference = stats.paired_difference(score, sft, pair_statistic, samples, seed, ci)
+        difference = stats.paired_difference(score, sft, pair_statistic, samples, seed, ci, macro=METRICS)
         if difference:
             common = score.index.intersection(sft.index)
             summary["difference"] = {"score_minus_sft": counted(difference, score.loc[common])}

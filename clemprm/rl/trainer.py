@@ -469,7 +469,7 @@ def train_rl(settings: dict, sft_adapter: str | None, adapter_dir: str, metrics_
         raise ValueError(f"rl.reward.source {rl['reward']['source']!r} rewards turns, which grpo trains on; prime's "
                          f"implicit PRM learns from an episode's success (rl.algorithm)")
     torch.manual_seed(int(settings["seed"]))
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])
     if rl["data"] == "states":
         if states is None:
             raise ValueError("rl.data states: no prompt set (the states file) given")

@@ -4,7 +4,9 @@
 * :mod:`clemprm.stages.sft`: the SFT LoRA adapter (QLoRA on CUDA) on the wins.
 * :mod:`clemprm.stages.labels`: branch points from the SFT policy and their K-rollout Monte-Carlo soft labels.
 * :mod:`clemprm.stages.prm`: training the process reward model (a one-logit sequence classifier with LoRA);
-  :mod:`clemprm.stages.prm_metrics`: what it measures of the PRM and its baselines.
+  :mod:`clemprm.stages.prm_metrics`: what it measures of the PRM and its baselines;
+  :mod:`clemprm.stages.probe`: the probe PRM (``prm.kind: probe``), a head fitted on the policy's hidden states.
+* :mod:`clemprm.stages.answers`: every train answer the run played, with the game's verdict on it.
 * :mod:`clemprm.stages.merge`: fp32 adapter merges with a verification report.
 * :mod:`clemprm.stages.rl_states`: the hanabi prompt set (states of the rule-based player's self-play).
 

@@ -2,7 +2,8 @@
 
 Branch points
     The SFT policy (base + SFT adapter) plays the train split, and the first
-    ``branch_points.validation_instances`` instances per game of the validation split (their rows keep
+    ``branch_points.validation_instances`` instances per game of the validation split as the run's seed draws it
+    (:meth:`~clemprm.play.catalog.GameCatalog.instances`: another seed holds out other instances; their rows keep
     ``split: validation``: the PRM stage never trains or selects on them, they are its held-out set for the
     ranking metrics); every LLM turn is a branch point: the prefix
     the player saw, its answer (the candidate), and the answers of the whole episode up to it (``history``).
@@ -37,6 +38,10 @@ Soft labels
     out of the label (``n_errors`` counts it, ``rollout_scores`` holds only the scored ones) and logged with its
     game; a branch point left without any scored continuation gets no label. The shard goes on either way.
 
+    A shard file also keeps every continuation's answers with the game's verdict on each and how it ended
+    (:data:`clemprm.records.SOFT_LABEL_SHARDS`), for the answers records (:mod:`clemprm.stages.answers`); the
+    gathered soft labels leave them out.
+
 Sharding and resumption
     Shard s of S takes the prefixes s, s+S, s+2S, ... with all their siblings (one replay of a state serves them
     all, and their continuations share the prefix in the generator's batches). Every random choice derives from
@@ -61,7 +66,7 @@ from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.checks.run_time import check_episodes, check_instances, check_not_empty, fail_or_warn, marks_metadata
 from clemprm.config import provenance
 from clemprm.models.loader import policy_settings
-from clemprm.play.engine import Episode, RolloutEngine, Sampling, game_seed, seeded_generator_states
+from clemprm.play.engine import Episode, Generation, RolloutEngine, Sampling, game_seed, seeded_generator_states
 from clemprm.stats import derive_seed
 
 log = logging.getLogger(__name__)
@@ -96,7 +101,7 @@ def branch_points_of(episode: dict, max_per_episode: int, base_seed: int) -> lis
             "prefix": turn["messages"], "candidate": turn["response"], "history": history[:index + 1],
             "parse_ok": turn["parse_ok"], "reply": turn["reply"], "seed": derive_seed(base_seed, "soft_labels", bp_id),
             "episode_bench_score": episode["bench_score"], "episode_success": episode["success"],
-            "episode_aborted": episode["aborted"]})
+            "episode_aborted": episode["aborted"], "multiplicity": 1})
     return rows
 
 
@@ -110,7 +115,7 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
     from clemprm.stages.rollouts import summarize
 
     bp_settings = settings["branch_points"]
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])
     marks = check_instances("branch_points", catalog, "train", on_failure)
     policy = policy or load_policy(policy_settings(settings["model"], sft_adapter), cache_dir)
     engine = RolloutEngine(catalog, Sampling(bp_settings["temperature"], bp_settings["top_p"],
@@ -136,17 +141,43 @@ def branch_points(settings: dict, sft_adapter: str | None, episodes_output: str,
 
 
 def held_out_instances(catalog: GameCatalog, per_game: int) -> list[Instance]:
-    """The first ``per_game`` validation instances of each game (fewer where ``games.max_instances.validation``
-    caps the split lower)."""
-    return [instance for game in catalog.games for instance in catalog.instances(game, "validation")[:per_game]]
+    """The first ``per_game`` validation instances of each game in the catalog's drawn order (a draw of the run's
+    seed; fewer where ``games.max_instances.validation`` caps the split lower, or the game holds fewer: a warning,
+    as the PRM is then judged on a smaller held-out set than asked)."""
+    chosen = {game: catalog.instances(game, "validation")[:per_game] for game in catalog.games}
+    if short := {game: len(found) for game, found in chosen.items() if len(found) < per_game}:
+        log.warning("branch_points.validation_instances %d: the held-out set gets fewer instances of %s "
+                    "(games.max_instances.validation %d, or the game's validation split holds no more): the PRM is "
+                    "judged on fewer than asked", per_game, ", ".join(f"{game} ({n})" for game, n in short.items()),
+                    catalog.config["max_instances"]["validation"])
+    return [instance for found in chosen.values() for instance in found]
+
+
+def distinct_siblings(candidate: str,
+                      generations: list[Generation]) -> tuple[list[tuple[int, Generation]], dict[str, int]]:
+    """The sampled ``generations`` of a state (slots 1, 2, ...; slot 0 is the played ``candidate``) reduced to one
+    per distinct answer: ``(slot, generation)`` of the first of each answer that differs from the candidate (a
+    failed generation kept, to be logged as failed), and how many of the state's samples each answer text is (its
+    multiplicity, the candidate's own sample included)."""
+    fresh, counts = [], {candidate: 1}
+    for j, generation in enumerate(generations, start=1):
+        if generation.error is None and generation.text in counts:
+            counts[generation.text] += 1
+            continue
+        if generation.error is None:
+            counts[generation.text] = 1
+        fresh.append((j, generation))
+    return fresh, counts
 
 
 def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list[dict], siblings: int,
                   base_seed: int) -> list[dict]:
     """``rows`` each followed by its siblings: ``siblings - 1`` answers sampled from its prefix in one ``propose``
-    call, of which the distinct ones that differ from the candidate are kept, each with the game's verdict on it
-    (``parse_ok``), the game's reply to it and its own seed. An answer the policy or the game failed on is left out
-    (logged). In a job of several processes each samples the siblings of its share of ``rows``."""
+    call, of which the distinct ones that differ from the candidate are kept (:func:`distinct_siblings`), each with
+    the game's verdict on it (``parse_ok``), the game's reply to it and its own seed, and every row of the state with
+    its ``multiplicity``: how many of the state's samples gave its answer (a random pick among the samples picks it
+    that much more often). An answer the policy or the game failed on is left out (logged). In a job of several
+    processes each samples the siblings of its share of ``rows``."""
     def siblings_of_share(share: list[dict]) -> list[list[dict]]:
         before = states.states_before(share)
         for state, bp in zip(before, share):  # fresh samples, not the played candidate again
@@ -154,15 +185,9 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
         proposals = engine.propose(before, siblings - 1)
         groups, duplicates, failed = [], 0, 0
         for bp, state, candidates in zip(share, before, proposals):
-            fresh, seen = [], {bp["candidate"]}
-            for j, generation in enumerate(candidates, start=1):
-                if generation.error is None and generation.text in seen:
-                    duplicates += 1
-                    continue
-                if generation.error is None:
-                    seen.add(generation.text)
-                fresh.append((j, generation))
-            group = [bp]
+            fresh, counts = distinct_siblings(bp["candidate"], candidates)
+            duplicates += sum(counts.values()) - len(counts)
+            group = [{**bp, "multiplicity": counts[bp["candidate"]]}]
             for (j, generation), played in zip(fresh, engine.play_each(state, [g for _, g in fresh])):
                 if played.error is not None:
                     failed += 1
@@ -172,7 +197,8 @@ def with_siblings(engine: RolloutEngine, states: "BranchPointStates", rows: list
                 group.append({**bp, "bp_id": sibling_id, "candidate": generation.text,
                               "history": bp["history"][:-1] + [generation.text],
                               "parse_ok": played.turns[-1]["parse_ok"], "reply": played.turns[-1]["reply"],
-                              "seed": derive_seed(base_seed, "soft_labels", sibling_id)})
+                              "seed": derive_seed(base_seed, "soft_labels", sibling_id),
+                              "multiplicity": counts[generation.text]})
             groups.append(group)
         log.info("siblings: %d prefixes, %d sampled answers, %d kept, %d duplicates of an earlier sibling, %d failed",
                  len(share), (siblings - 1) * len(share), sum(map(len, groups)) - len(share), duplicates, failed)
@@ -405,7 +431,9 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
                 errors: ErrorCounts | None = None) -> list[dict]:
     """Soft-label a chunk of branch points: all K continuations of all of them in lockstep; with
     ``labels.k_first`` in two rounds (:func:`settled_states`). Branch points without any scored continuation get
-    no row (their errors are counted in ``errors``)."""
+    no row (their errors are counted in ``errors``). Each row also holds its ``continuations``
+    (:data:`records.CONTINUATION`: every one played, its answers with the game's verdicts and how it ended; none for
+    a terminal candidate), which the answers records read."""
     errors = errors if errors is not None else ErrorCounts()
     k, aborted_value = label_settings["k"], label_settings["aborted_value"]
     first = min(label_settings["k_first"] or k, k)   # k_first >= K: one round of K (a config that lowers K alone)
@@ -413,6 +441,7 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
     outcomes: dict[int, list] = {}   # branch point index -> (score, aborted, success, capped) of each scored one
     failed: dict[int, int] = {}
     tokens: dict[int, int] = {}
+    played: dict[int, list[dict]] = {}   # branch point index -> its continuations (records.CONTINUATION)
     terminal, live = {}, []
     for index, (bp, root) in enumerate(zip(bps, roots)):
         if not root.done:
@@ -421,7 +450,8 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
         outcome = scored(root, False, aborted_value, errors)   # the candidate ended the game
         if outcome is not None:
             terminal[index] = outcome
-    play_continuations(engine, bps, roots, live, range(first), label_settings, errors, outcomes, failed, tokens)
+    play_continuations(engine, bps, roots, live, range(first), label_settings, errors, outcomes, failed, tokens,
+                       played)
     if first < k:
         settled = settled_states(bps, terminal, outcomes)
         rest = [index for index in live if bps[index]["prefix_id"] not in settled]
@@ -429,7 +459,7 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
                  "%d of %d candidates get the other %d continuations", first, len(settled),
                  len({bp["prefix_id"] for bp in bps}), len(rest), len(live), k - first)
         play_continuations(engine, bps, roots, rest, range(first, k), label_settings, errors, outcomes, failed,
-                           tokens)
+                           tokens, played)
     rows = {index: label_row(bps[index], [score], [aborted], [success], 0, 0, terminal=True)
             for index, (score, aborted, success) in terminal.items()}
     for index in live:
@@ -437,17 +467,19 @@ def label_chunk(engine: RolloutEngine, states: BranchPointStates, bps: list[dict
                                             else [[]] * 4)
         rows[index] = label_row(bps[index], scores, aborted, success, sum(capped), tokens.get(index, 0),
                                 terminal=False, errors=failed.get(index, 0))
-    return [rows[index] for index in sorted(rows) if rows[index] is not None]
+    return [{**rows[index], "continuations": played.get(index, [])} for index in sorted(rows)
+            if rows[index] is not None]
 
 
 def play_continuations(engine: RolloutEngine, bps: list[dict], roots: list[Episode], indices: list[int],
                        continuations: range, label_settings: dict, errors: ErrorCounts, outcomes: dict,
-                       failed: dict, tokens: dict) -> None:
+                       failed: dict, tokens: dict, played: dict) -> None:
     """Play continuations ``continuations`` (their numbers j) of the branch points ``indices`` to the end in
-    lockstep and add their scores to ``outcomes``, their failures to ``failed``, their new tokens to ``tokens``.
+    lockstep and add their scores to ``outcomes``, their failures to ``failed``, their new tokens to ``tokens``,
+    their answers and ends to ``played`` (:func:`continuation_record`).
     Continuation j of a branch point is seeded from the branch point and j alone, so it is the same continuation
     in either round and in any chunk."""
-    forks: list[tuple[int, Episode, int]] = []  # (branch point index, fork, turns before it)
+    forks: list[tuple[int, int, Episode, int]] = []  # (branch point index, j, fork, turns before it)
     for index in indices:
         bp, root = bps[index], roots[index]
         for j in continuations:
@@ -455,19 +487,45 @@ def play_continuations(engine: RolloutEngine, bps: list[dict], roots: list[Episo
             # each continuation meets its own game randomness (a game that draws during play), seeded like its answers
             if fork.generator_states is not None:
                 fork.generator_states = seeded_generator_states(derive_seed(bp["seed"], "continuation", j, "game"))
-            forks.append((index, fork, len(root.turns)))
+            forks.append((index, j, fork, len(root.turns)))
     if not forks:
         return
-    engine.run([fork for _, fork, _ in forks], label="soft label continuations",
+    engine.run([fork for _, _, fork, _ in forks], label="soft label continuations",
                max_turns=label_settings["max_rollout_rounds"])
-    for index, fork, start in forks:
+    for index, j, fork, start in forks:
         capped = not fork.done
         tokens[index] = tokens.get(index, 0) + sum(turn["new_tokens"] for turn in fork.turns[start:])
         outcome = scored(fork, capped, label_settings["aborted_value"], errors)
+        played.setdefault(index, []).append(continuation_record(bps[index]["prefix"], j, fork.turns[start:], outcome,
+                                                                capped))
         if outcome is None:
             failed[index] = failed.get(index, 0) + 1
         else:
             outcomes.setdefault(index, []).append((*outcome, capped))
+
+
+def continuation_record(prefix: list[dict], j: int, turns: list[dict], outcome: tuple | None, capped: bool) -> dict:
+    """Continuation ``j`` as a shard keeps it (:data:`records.CONTINUATION`): its ``turns`` (answers, verdicts) and
+    how it ended (``outcome``: :func:`scored`'s, None when the game failed on it). A perspective is stored as what
+    follows the leading messages it shares with the branch point's ``prefix``: a continuation's perspectives all
+    start with that prefix, so a shard does not hold it again for every turn of every continuation."""
+    if outcome is None or capped:
+        end, bench_score = ("error" if outcome is None else "capped"), None
+    else:
+        score, aborted, success = outcome
+        end = "aborted" if aborted else "success" if success else "lost"
+        bench_score = math.nan if aborted else score
+    kept = []
+    for turn in turns:
+        shared = 0
+        for mine, theirs in zip(turn["messages"], prefix):
+            if mine != theirs:
+                break
+            shared += 1
+        kept.append({"turn_idx": turn["turn_idx"], "player": turn["player"], "game_role": turn["game_role"],
+                     "shared": shared, "messages_tail": turn["messages"][shared:], "response": turn["response"],
+                     "parse_ok": turn["parse_ok"]})
+    return {"k": j, "outcome": end, "bench_score": bench_score, "turns": kept}
 
 
 def settled_states(bps: list[dict], terminal: dict, outcomes: dict) -> set[str]:
@@ -515,7 +573,7 @@ class ShardCheckpoint:
         rows = []
         for part in self._parts():
             try:
-                rows += records.read_records(part, records.SOFT_LABELS)
+                rows += records.read_records(part, records.SOFT_LABEL_SHARDS)
             except records.RecordFileError as error:   # e.g. cut short by a full disk: label its branch points again
                 log.warning("checkpoint part %s is unreadable and is discarded; its branch points are labelled "
                             "again: %s", part, error)
@@ -525,7 +583,7 @@ class ShardCheckpoint:
     def save(self, rows: list[dict]) -> None:
         """Write ``rows`` as the next part (numbered after the last one, also when an earlier one was discarded)."""
         last = max((int(part.stem.removeprefix("part-")) for part in self._parts()), default=-1)
-        records.write_records(self.folder / f"part-{last + 1:05d}.parquet", rows, records.SOFT_LABELS, {})
+        records.write_records(self.folder / f"part-{last + 1:05d}.parquet", rows, records.SOFT_LABEL_SHARDS, {})
 
     def _parts(self) -> list[Path]:
         return sorted(self.folder.glob("part-*.parquet"))
@@ -569,7 +627,9 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
     """Label branch points ``shard, shard + shards, ...`` of ``bp_path``, resuming from the shard's checkpoint.
     ``threads`` (the job's threads) overrides ``model.threads``, so shards can share a machine. ``errors``, if
     given, counts the continuations the games failed on in this call (this process's share), also those of branch
-    points left without a label, which the returned rows do not hold."""
+    points left without a label, which the returned rows do not hold. Returns the soft-label rows
+    (:data:`records.SOFT_LABELS`); the shard file also holds each one's continuations
+    (:data:`records.SOFT_LABEL_SHARDS`)."""
     label_settings = settings["labels"]
     branch_points = records.read_records(bp_path, records.BRANCH_POINTS, splits=records.LABEL_SPLITS)
     mine = shard_rows(branch_points, shard, shards)
@@ -584,7 +644,7 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
 
         model_settings = policy_settings(settings["model"], sft_adapter)
         policy = policy or load_policy({**model_settings, "threads": threads or model_settings["threads"]}, cache_dir)
-        engine = RolloutEngine(GameCatalog(settings["games"]), Sampling(
+        engine = RolloutEngine(GameCatalog(settings["games"], settings["seed"]), Sampling(
             label_settings["temperature"], label_settings["top_p"], label_settings["max_new_tokens"]))
         states = BranchPointStates(engine, engine.catalog, policy, settings["seed"])
         step, errors = label_settings["checkpoint_every"], errors if errors is not None else ErrorCounts()
@@ -597,10 +657,10 @@ def soft_labels_shard(settings: dict, bp_path: str, sft_adapter: str | None, sha
             log.warning("soft labels shard %d/%d: continuations the games failed on (left out of the labels):\n%s",
                         shard, shards, errors.lines())
     rows = [done[bp["bp_id"]] for bp in mine if bp["bp_id"] in done]
-    records.write_records(output, rows, records.SOFT_LABELS, provenance(settings))
+    records.write_records(output, rows, records.SOFT_LABEL_SHARDS, provenance(settings))
     if distributed.is_main():
         checkpoint.remove()
-    return rows
+    return [{name: row[name] for name in records.SOFT_LABELS.names} for row in rows]
 
 
 def gather_soft_labels(settings: dict, bp_path: str, shard_paths: list[str], output: str,

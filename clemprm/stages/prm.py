@@ -14,13 +14,19 @@ Training
     whole sibling groups, so that no state loses some of its siblings. CUDA: bf16, gradient
     checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``.
 
+A probe PRM (``prm.kind: probe``)
+    The same data, split, loss, evaluation, gate and metrics; instead of a LoRA classifier, linear heads on the
+    frozen SFT policy's hidden states, fitted and chosen on train instances by :mod:`clemprm.stages.probe` (with
+    ``prm.acceptance_examples`` > 0, a validity head on the answers records instead of the pre-training below).
+
 Acceptance pre-training (``prm.acceptance_examples`` > 0)
-    Before the soft labels, one epoch on up to that many answers of the episodes the pipeline played anyway (the base
-    rollouts and the SFT policy's trajectories, train split only), each labelled by the game's verdict on it (1: the
-    game accepted the answer, 0: it counted a rule violation), as many accepted as rejected where the episodes have
-    them. The verdict is a function of the prompt and the answer (each game states its answer format and rules in its
-    prompt), known for free on every turn, while Monte-Carlo soft labels cost K continuations each: a blind PRM
-    learns the rules' validity from far more examples than the labelled pairs, then what wins from the soft labels.
+    Before the soft labels, one epoch on up to that many answers the pipeline played anyway (the answers records,
+    :mod:`clemprm.stages.answers`: base rollouts, SFT-policy trajectories, siblings and label continuations, train
+    split only), each labelled by the game's verdict on it (1: the game accepted the answer, 0: it counted a rule
+    violation), as many accepted as rejected where the records have them. The verdict is a function of the prompt
+    and the answer (each game states its answer format and rules in its prompt), known for free on every turn,
+    while Monte-Carlo soft labels cost K continuations each: a blind PRM learns the rules' validity from far more
+    examples than the labelled pairs, then what wins from the soft labels.
     Held-out (validation-split) instances never enter it.
 
 Metrics
@@ -53,7 +59,8 @@ from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
 from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
 from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.play.engine import rule_score
-from clemprm.checks.run_time import fail_or_warn, marks_metadata
+from clemprm.checks.run_time import StageFailure, fail_or_warn, marks_metadata
+from clemprm.stages import probe
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
                                         quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
 from clemprm.model_card import write_adapter_card
@@ -79,16 +86,21 @@ class Example:
     key: tuple[str, str, str]
     state_id: str = ""       # the state the candidate answers (its row's prefix_id): siblings share it
     row: int = -1            # index of its soft-label row
+    multiplicity: int = 1    # how many of its state's sampled answers it is (the ranking metrics weigh by it)
 
 
 def read_labels(path: str | Path) -> list[dict]:
-    """The soft-label rows; an unreadable file or a label outside [0, 1] is an error naming the file."""
+    """The soft-label rows; an unreadable file, a label outside [0, 1] or a multiplicity below 1 is an error naming
+    the file."""
     rows = records.read_records(path, records.SOFT_LABELS)
     for i, row in enumerate(rows):
         label = row["label"]
         if label is None or not 0.0 <= label <= 1.0:   # NaN fails both comparisons
             raise records.RecordFileError(f"record file {path}, row {i} ({row['bp_id']}): label {label!r} is not "
                                           f"in [0, 1]")
+        if row["multiplicity"] is None or row["multiplicity"] < 1:
+            raise records.RecordFileError(f"record file {path}, row {i} ({row['bp_id']}): multiplicity "
+                                          f"{row['multiplicity']!r} is not a count of at least 1")
     return rows
 
 
@@ -122,35 +134,28 @@ def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_
                     label=float(row["label"]),
                     key=records.instance_key(row["game"], row["experiment"], row["game_id"]),
                     state_id=row.get("prefix_id") or row["bp_id"],
-                    row=index) for index, row in enumerate(rows)]
+                    row=index, multiplicity=row["multiplicity"]) for index, row in enumerate(rows)]
 
 
-def acceptance_examples(episode_paths: list[str], tokenizer, chat_template_kwargs: dict, max_length: int,
-                        limit: int, seed: int) -> list[Example]:
-    """Up to ``limit`` answers of the train-split episodes of ``episode_paths`` (:data:`records.EPISODES`) as
-    examples labelled by the game's verdict (``parse_ok``: 1 accepted, 0 rejected), each distinct (perspective,
-    answer) once, drawn by ``seed`` with as many of each verdict as the episodes allow; read as a PRM that reads the
+def acceptance_examples(answers_path: str, tokenizer, chat_template_kwargs: dict, max_length: int, limit: int,
+                        seed: int) -> list[Example]:
+    """Up to ``limit`` answers of the answers records (:data:`records.ANSWERS`, train split only: one row per
+    distinct answer played in the run) as examples labelled by the game's verdict (``parse_ok``: 1 accepted,
+    0 rejected), drawn by ``seed`` with as many of each verdict as the records allow; read as a PRM that reads the
     candidate alone reads them."""
-    turns = {}
-    for path in episode_paths:
-        for episode in records.read_records(path, records.EPISODES):
-            if episode["split"] != "train":
-                continue
-            key = records.instance_key(episode["game"], episode["experiment"], episode["game_id"])
-            for turn in episode["turns"]:
-                identity = (str(turn["messages"]), turn["response"])
-                turns.setdefault(identity, (turn, key))
-    by_verdict = {verdict: [(turn, key) for turn, key in turns.values() if bool(turn["parse_ok"]) == verdict]
-                  for verdict in (True, False)}
+    answers = records.read_records(answers_path, records.ANSWERS, splits=records.TRAIN_SPLITS)
+    by_verdict = {verdict: [row for row in answers if row["parse_ok"] == verdict] for verdict in (True, False)}
     rng = random.Random(seed)
     for group in by_verdict.values():
         rng.shuffle(group)
     half = limit // 2
     rejected = by_verdict[False][:max(half, limit - len(by_verdict[True]))]
     chosen = by_verdict[True][:limit - len(rejected)] + rejected
-    return [Example(*encode_pair(tokenizer, turn["messages"], turn["response"], "", chat_template_kwargs, max_length),
-                    label=float(bool(turn["parse_ok"])), key=key, state_id=f"acceptance/{index}", row=-1 - index)
-            for index, (turn, key) in enumerate(chosen)]
+    return [Example(*encode_pair(tokenizer, row["messages"], row["response"], "", chat_template_kwargs, max_length),
+                    label=float(row["parse_ok"]), key=records.instance_key(row["game"], row["experiment"],
+                                                                           row["game_id"]),
+                    state_id=f"acceptance/{index}", row=-1 - index)
+            for index, row in enumerate(chosen)]
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -309,10 +314,12 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     by_state = prm["pairwise_weight"] > 0
     train_rows = len(sibling_groups(train)) if by_state else len(train)
     grad_accum = effective_grad_accum(prm["batch_size"], prm["grad_accum"], train_rows)
-    if grad_accum < prm["grad_accum"]:
-        log.info("prm: %d train %s make %d batches of %d: gradient accumulation capped at %d (of %d) so that "
-                 "every epoch makes an optimizer step", train_rows, "states" if by_state else "pairs",
-                 math.ceil(train_rows / prm["batch_size"]), prm["batch_size"], grad_accum, prm["grad_accum"])
+    if grad_accum < prm["grad_accum"]:   # a warning: the run trains with a smaller effective batch than configured
+        log.warning("prm: %d train %s make %d batches of %d: gradient accumulation capped at %d (of prm.grad_accum "
+                    "%d) so that every epoch makes an optimizer step: the effective batch is %d, not %d",
+                    train_rows, "states" if by_state else "pairs", math.ceil(train_rows / prm["batch_size"]),
+                    prm["batch_size"], grad_accum, prm["grad_accum"], prm["batch_size"] * grad_accum,
+                    prm["batch_size"] * prm["grad_accum"])
     args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation),
                           tracking=tracking)
     callbacks = [progress_callback("prm")]
@@ -352,25 +359,44 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_seconds": round(train_seconds, 2)}
 
 
-def _pretrain_on_acceptance(model, tokenizer, cfg, prm: dict, seed: int, episode_paths: list[str], output_dir: str,
+ACCEPTANCE_HELDOUT_FRACTION = 0.25
+"""Share of the acceptance answers' instances the pre-training leaves out to measure itself on (held-out verdicts)."""
+
+
+def _pretrain_on_acceptance(model, tokenizer, cfg, prm: dict, seed: int, answers_path: str | None, output_dir: str,
                             device: str, tracking: TrackingRun) -> tuple[object, dict]:
     """One epoch of BCE on :func:`acceptance_examples` (no pairwise term, no validation side), on the model the soft
-    labels then train; returns it and what the step did."""
-    if not episode_paths:
-        raise ValueError("prm.acceptance_examples needs the played episodes (the rule's episodes input)")
-    examples = acceptance_examples(list(episode_paths), tokenizer, cfg.chat_template_kwargs, prm["max_length"],
+    labels then train; returns it and what the step did, with its predictions of the verdicts of answers of
+    instances it did not train on (``heldout``: :data:`ACCEPTANCE_HELDOUT_FRACTION` of them). Its train loss alone
+    says little: one epoch's mean from a fresh head whose logits stay small sits near ln 2 even where the head
+    already ranks the held-out verdicts (docs/benchmarks.md)."""
+    if not answers_path:
+        raise ValueError("prm.acceptance_examples needs the answers records (results/labels/answers.parquet, rule "
+                         "gather_answers: the rule's answers input); set it to 0 to train without them")
+    examples = acceptance_examples(answers_path, tokenizer, cfg.chat_template_kwargs, prm["max_length"],
                                    prm["acceptance_examples"], seed)
     accepted = sum(e.label > 0 for e in examples)
-    log.info("prm: acceptance pre-training on %d answers of played episodes (%d accepted, %d rejected)",
-             len(examples), accepted, len(examples) - accepted)
+    log.info("prm: acceptance pre-training: %d played answers drawn from %s (%d accepted, %d rejected), those of "
+             "%.0f%% of their instances held out", len(examples), answers_path, accepted, len(examples) - accepted,
+             100 * ACCEPTANCE_HELDOUT_FRACTION)
     if not examples:
         return model, {"examples": 0}
+    heldout_keys = split_instances([e.key for e in examples], ACCEPTANCE_HELDOUT_FRACTION, seed)
+    train = [e for e in examples if e.key not in heldout_keys]
+    heldout = [e for e in examples if e.key in heldout_keys]
     section = {**prm, "epochs": 1, "pairwise_weight": 0.0, "label_weighting": "none"}
-    model, training = _train(model, tokenizer, section, seed, examples, [], output_dir, device,
+    model, training = _train(model, tokenizer, section, seed, train, [], output_dir, device,
                              resolve_dtype(cfg, device), tracking)
-    return model, {"examples": len(examples), "accepted": accepted, "status": training["status"],
+    scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"], tokenizer=tokenizer,
+                       model=model)
+    predictions = scorer.score_ids([e.input_ids for e in heldout]) if heldout else []
+    measured = prediction_metrics(predictions, [e.label for e in heldout])
+    log.info("prm: acceptance pre-training: %d steps, train loss %s; held-out verdicts of %d answers: AUROC %s",
+             training["steps"], training["train_loss"], len(heldout), measured and measured["auroc"])
+    return model, {"examples": len(train), "accepted": sum(e.label > 0 for e in train), "status": training["status"],
                    "steps": training["steps"], "train_loss": training["train_loss"],
-                   "train_seconds": training["train_seconds"]}
+                   "train_seconds": training["train_seconds"],
+                   "heldout": measured and {key: measured[key] for key in ("n", "auroc", "bce", "std_prediction")}}
 
 
 def orientation_side(train: list[Example]) -> list[Example]:
@@ -452,8 +478,17 @@ def untrained_marks(metrics: dict, on_failure: str) -> list:
 
 
 def gate_marks(gate: dict, on_failure: str) -> list:
-    """The failure mark of a failed quality gate (none when it passed or measured nothing); raises under
-    ``on_failure: stop``."""
+    """The failure mark of a failed quality gate (none when it passed); raises under ``on_failure: stop``. A gate not
+    judged (too little held-out evidence) is no pass: it stops the stage under ``stop`` as well (a run that asks to
+    stop on a PRM that learned nothing spends no search on a PRM nobody could judge), and under ``continue`` it is a
+    warning in the log and in the summary, not a failure mark."""
+    if gate["status"] == "not_judged":
+        text = "the PRM's quality gate was not judged: " + "; ".join(gate["not_judged"])
+        if on_failure == "stop":
+            raise StageFailure(f"prm_adapter: {text} (prm.gate.on_failure: stop goes on only with a gate that passed; "
+                               f"hold out more instances, or set prm.gate.on_failure: continue to go on unjudged)")
+        log.warning("PRM QUALITY GATE NOT JUDGED (no evidence is no pass): %s", text)
+        return []
     failed = [check for check in gate["checks"] if not check["passed"]]
     if not failed:
         return []
@@ -464,15 +499,17 @@ def gate_marks(gate: dict, on_failure: str) -> list:
 
 def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
               cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop",
-              tracking: TrackingRun = OFF, episode_paths: list[str] = ()) -> dict:
+              tracking: TrackingRun = OFF, answers_path: str | None = None, probabilities: bool = False) -> dict:
     """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
     metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
-    policy whose log-probabilities are a baseline (None: the base policy). ``episode_paths``: the played episodes
-    whose answers the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that
-    gets every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
+    policy whose log-probabilities are a baseline (None: the base policy). ``answers_path``: the answers records
+    (:mod:`clemprm.stages.answers`) the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``:
+    the tracker run that gets every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
     (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) is written with a failure mark
     (:mod:`clemprm.checks.run_time`) that the summary reports, or, with ``prm.gate.on_failure: stop`` (``inherit``:
-    the run's ``on_failure``), stops the stage naming the metric and the baseline."""
+    the run's ``on_failure``), stops the stage naming the metric and the baseline (:func:`gate_marks`).
+    ``probabilities``: a configured search multiplies the PRM's values as probabilities
+    (:func:`clemprm.modes.probability_search`), so calibration decides the gate."""
     import transformers
     from peft import get_peft_model
 
@@ -484,13 +521,17 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     if prm["loss"] not in LOSSES:
         raise ValueError(f"prm.loss must be one of {', '.join(LOSSES)}, got {prm['loss']!r}")
     rows = read_labels(labels_path)
-    cfg = prm_model_config(settings["model"], prm, cache_dir=cache_dir)
     device = device_name()
     transformers.set_seed(seed)   # the new score head and the LoRA weights are initialised from it
-    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
-    if device == "cpu":
-        keep_4bit_differentiable(model)
-    model = get_peft_model(model, lora_config(prm["lora"], "SEQ_CLS"))
+    if prm["kind"] == "probe":   # the frozen policy's features (clemprm.stages.probe), no model of its own
+        features = probe.policy_features(settings["model"], prm, sft_adapter, cache_dir)
+        cfg, tokenizer = features.cfg, features.tokenizer
+    else:
+        cfg = prm_model_config(settings["model"], prm, cache_dir=cache_dir)
+        tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
+        if device == "cpu":
+            keep_4bit_differentiable(model)
+        model = get_peft_model(model, lora_config(prm["lora"], "SEQ_CLS"))
 
     examples = build_examples(rows, tokenizer, cfg.chat_template_kwargs, prm["max_length"], prm["input"])
     heldout = [e for e in examples if rows[e.row]["split"] != "train"]   # branch_points.validation_instances
@@ -527,20 +568,30 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     ranked = "heldout" if heldout else "validation"
 
     with shared_scratch_beside(adapter_dir) as scratch, tracker_environment(tracking):
-        if train and prm["acceptance_examples"]:
-            model, metrics["acceptance_pretraining"] = _pretrain_on_acceptance(
-                model, tokenizer, cfg, prm, seed, episode_paths, str(scratch / "acceptance"), device, tracking)
-        if train:
+        if train and prm["kind"] == "probe":
+            if prm["acceptance_examples"] and not answers_path:
+                raise ValueError("prm.acceptance_examples > 0 gives the probe's validity head the answers records, "
+                                 "but none were given (the rule's answers input); set it to 0 to fit without them")
+            verdicts = acceptance_examples(answers_path, tokenizer, cfg.chat_template_kwargs, prm["max_length"],
+                                           prm["acceptance_examples"], seed) if prm["acceptance_examples"] else []
+            scorer, training = probe.fit_probe(features, prm, seed, train, verdicts,
+                                               label_weights(train, prm["label_weighting"]), prm_loss)
+            metrics.update(training)
+        elif train:
+            if prm["acceptance_examples"]:
+                model, metrics["acceptance_pretraining"] = _pretrain_on_acceptance(
+                    model, tokenizer, cfg, prm, seed, answers_path, str(scratch / "acceptance"), device, tracking)
             model, training = _train(model, tokenizer, prm, seed, train, validation, str(scratch / "checkpoints"),
                                      device, resolve_dtype(cfg, device), tracking)
             metrics.update(training)
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)
+        if train:
             logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
                                           orientation_side(sides["train"]) + sides[ranked], cache_dir)
             metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
             metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"],
-                                           prm["input"], metrics.get("nonfinite_predictions"))
+                                           prm["input"], metrics.get("nonfinite_predictions"), probabilities)
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
@@ -548,12 +599,18 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
                            eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
                            baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"], prm["input"]))
+            if prm["kind"] == "probe":
+                scorer = probe.untrained_probe(features, prm)
         log.info("%s", gate_lines(metrics["gate"]))
         gate_action = on_failure if prm["gate"]["on_failure"] == "inherit" else prm["gate"]["on_failure"]
         metrics.update(marks_metadata(untrained_marks(metrics, on_failure) + gate_marks(metrics["gate"], gate_action)))
-        write_adapter(model, cfg.spec, adapter_dir)
+        if prm["kind"] == "probe":
+            probe.write_probe(scorer, adapter_dir, metrics.get("probe"), sft_adapter)
+        else:
+            write_adapter(model, cfg.spec, adapter_dir)
     finish_metrics(metrics, start, settings, metrics_path)
-    write_adapter_card("prm", adapter_dir, metrics)   # after finish_metrics: the final metrics
+    # after finish_metrics: the final metrics
+    write_adapter_card("prm_probe" if prm["kind"] == "probe" else "prm", adapter_dir, metrics)
     ranked_metrics = (metrics["evaluation"] or {}).get(ranked) or {}
     log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, %s AUROC %s, Pearson %s; "
              "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),

@@ -67,14 +67,14 @@ def self_play_states(catalog: GameCatalog, split: str = "train", max_per_episode
     return rows
 
 
-def write_states(games_settings: dict, output: str, split: str = "train",
+def write_states(games_settings: dict, output: str, seed: int, split: str = "train",
                  max_per_episode: int | None = None) -> list[dict]:
-    """:func:`self_play_states` of the hanabi instances ``games_settings`` (a ``games`` config section) selects,
-    written to ``output`` with their provenance."""
+    """:func:`self_play_states` of the hanabi instances ``games_settings`` (a ``games`` config section) selects and
+    the run's ``seed`` draws (the draw the RL stage looks them up in), written to ``output`` with their provenance."""
     if GAME not in games_settings["builtin"]:
         raise ValueError(f"games.builtin {games_settings['builtin']} does not list {GAME}")
-    rows = self_play_states(GameCatalog(games_settings), split, max_per_episode)
-    settings = {"games": games_settings, "states": {"split": split, "max_per_episode": max_per_episode}}
+    rows = self_play_states(GameCatalog(games_settings, seed), split, max_per_episode)
+    settings = {"seed": seed, "games": games_settings, "states": {"split": split, "max_per_episode": max_per_episode}}
     records.write_records(output, rows, records.STATES, provenance(settings))
     log.info("wrote %d hanabi states to %s", len(rows), output)
     return rows

@@ -42,7 +42,7 @@ def base_rollouts(settings: dict, output: str, cache_dir: str | None = None, pol
     ``clembench_dir`` (``base_rollouts.clembench_tree``) the episodes are also written there as a clembench results
     tree, run folder ``<policy>-base_rollouts`` (:mod:`clemprm.play.clembench_tree`)."""
     rollout = settings["base_rollouts"]
-    catalog = GameCatalog(settings["games"])
+    catalog = GameCatalog(settings["games"], settings["seed"])
     marks = check_instances("base_rollouts", catalog, "train", on_failure)
     instances = catalog.all_instances("train")
     if policy is None:

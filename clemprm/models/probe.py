@@ -1,0 +1,211 @@
+"""A probe PRM (``prm.kind: probe``): linear heads on the frozen policy's own hidden states, scored through the one
+PRM interface (:class:`ProbeScorer` is a :class:`clemprm.models.prm.PRMScorer`: the same ``score(pairs)``, the
+same text, the same counters), so every eval mode, the gate, the report and the seeds table read either kind.
+
+Features
+    The policy that plays (``model.spec`` + the SFT adapter, frozen, loaded by the one model loader) reads the pair
+    text of :func:`clemprm.models.prm.encode_pair` (prefix + candidate, left-truncated to ``prm.max_length``) once,
+    forward only. For each layer of ``prm.probe.layers`` (indices into the model's hidden states: ``-1`` the last
+    layer's output, ``0`` the embeddings) the features are its state at the last token and the mean of its states
+    over the last ``prm.probe.window`` tokens: ``2 x len(layers) x hidden_size`` numbers. Batches are padded on the
+    right, so a pair's features do not depend on the batch it is in (no prefix sharing: the pooled window may reach
+    into the shared prefix).
+
+Heads
+    A :class:`LinearProbe` standardises the features with the mean and standard deviation of the data it was fitted on
+    (the train side) and gives one logit. The value head predicts the soft label; an optional validity head, fitted
+    on answers of played episodes labelled by the game's verdict, predicts that the game accepts the candidate. The
+    score is ``sigmoid(value)`` (combination ``value``) or ``sigmoid(value) x sigmoid(validity)`` (``product``).
+    The fitting (:mod:`clemprm.stages.probe`) chooses the ridge strength and the combination on train instances.
+
+Folder (the ``prm_adapter`` stage's output, ``results/prm/adapter/``)
+    ``probe.safetensors`` (each head's mean, std, weight and bias), ``probe_config.json`` (kind, layers, window, the
+    input and length the text was read with, the policy: model spec, SFT adapter path and its SHA-256, the choices
+    and their cross-validation figures) and the model card ``README.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from clemprm.models.loader import ModelConfig, policy_settings, resolve_dtype
+from clemprm.models.scoring import micro_batches, pad_right
+
+KINDS = ("lora", "probe")          # prm.kind
+COMBINATIONS = ("value", "product")  # prm.probe.combination candidates
+CONFIG_NAME = "probe_config.json"
+WEIGHTS_NAME = "probe.safetensors"
+HEADS = ("value", "validity")
+
+
+def adapter_sha256(folder: str | None) -> str | None:
+    """SHA-256 over the files of an adapter folder (relative names and contents, sorted), None without a folder: what
+    ties a probe to the exact SFT policy it reads."""
+    if not folder:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != "README.md"):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def policy_model_config(model_settings: dict, prm_settings: dict, sft_adapter: str | None,
+                        cache_dir: str | None = None) -> ModelConfig:
+    """The frozen policy a probe reads: ``model.spec`` + ``sft_adapter`` (None: the base policy). ``prm.base_model``
+    names a LoRA PRM's own base; a probe has none, so a set one is an error."""
+    if prm_settings.get("base_model"):
+        raise ValueError(f"prm.base_model is {prm_settings['base_model']!r}, but prm.kind: probe reads the policy "
+                         f"itself (model.spec + the SFT adapter): set prm.base_model: null or prm.kind: lora")
+    return ModelConfig.from_dict({**policy_settings(model_settings, sft_adapter), "cache_dir": cache_dir})
+
+
+class ProbeFeatures:
+    """The features of encoded pairs (:func:`clemprm.models.prm.encode_pair`) from a frozen causal LM: per layer of
+    ``layers``, the last token's hidden state and the mean over the last ``window`` tokens. ``cache``: remember each
+    sequence's features (the training stage reads the train side twice: to fit, then to evaluate)."""
+
+    def __init__(self, cfg: ModelConfig, tokenizer, model, layers: list[int], window: int, token_budget: int,
+                 cache: bool = False):
+        if not layers or window < 1:
+            raise ValueError(f"prm.probe.layers must name at least one layer and prm.probe.window be >= 1, got "
+                             f"{layers!r} and {window!r}")
+        self.cfg, self.tokenizer, self.model = cfg, tokenizer, model
+        self.layers, self.window, self.token_budget = [int(layer) for layer in layers], int(window), int(token_budget)
+        self.cache = {} if cache else None
+
+    def of(self, sequences: list[list[int]]):
+        """``[len(sequences), features]`` fp32 CPU tensor; length-sorted micro-batches under the token budget."""
+        import torch
+
+        todo = [i for i, ids in enumerate(sequences) if self.cache is None or tuple(ids) not in self.cache]
+        rows = {}
+        for batch in micro_batches([len(sequences[i]) for i in todo], self.token_budget):
+            indices = [todo[i] for i in batch]
+            for i, row in zip(indices, self._forward([sequences[i] for i in indices])):
+                rows[i] = row
+                if self.cache is not None:
+                    self.cache[tuple(sequences[i])] = row
+        if not sequences:
+            return torch.zeros((0, 0))
+        return torch.stack([rows[i] if i in rows else self.cache[tuple(ids)] for i, ids in enumerate(sequences)])
+
+    def _forward(self, sequences: list[list[int]]):
+        import torch
+
+        device = next(self.model.parameters()).device
+        dtype = resolve_dtype(self.cfg, device.type)
+        input_ids, attention_mask = pad_right(sequences, self.tokenizer.pad_token_id)
+        lengths = attention_mask.sum(1)
+        with torch.inference_mode(), torch.autocast(device.type, dtype=dtype,
+                                                    enabled=device.type == "cuda" and dtype != torch.float32):
+            states = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                output_hidden_states=True, logits_to_keep=1).hidden_states
+        if any(not -len(states) <= layer < len(states) for layer in self.layers):
+            raise ValueError(f"prm.probe.layers {self.layers} reach outside the {len(states)} hidden states of "
+                             f"{self.cfg.spec} (-{len(states)} .. {len(states) - 1}): choose layers it has")
+        positions = torch.arange(input_ids.shape[1])
+        window = (positions < lengths[:, None]) & (positions >= (lengths - self.window)[:, None])
+        window = window.float().to(device)
+        last = (lengths - 1).to(device)
+        features = []
+        for layer in self.layers:
+            hidden = states[layer].float()
+            features.append(hidden[torch.arange(len(sequences), device=device), last])
+            features.append((hidden * window[..., None]).sum(1) / window.sum(1, keepdim=True))
+        return torch.cat(features, dim=1).cpu()
+
+
+@dataclass
+class LinearProbe:
+    """One logit from standardised features: ``((features - mean) / std) @ weight + bias``."""
+
+    mean: object   # torch tensors, [features]
+    std: object
+    weight: object
+    bias: object   # [1]
+
+    def logits(self, features):
+        return ((features - self.mean) / self.std) @ self.weight + self.bias
+
+    def tensors(self, name: str) -> dict:
+        return {f"{name}.{key}": getattr(self, key).contiguous() for key in ("mean", "std", "weight", "bias")}
+
+
+def combined_logits(value, validity, combination: str):
+    """The score's logit: the value head's (``value``), or that of ``sigmoid(value) x sigmoid(validity)``
+    (``product``: success needs an answer the game accepts), computed in log space."""
+    import torch
+    import torch.nn.functional as F
+
+    if combination == "value":
+        return value
+    if combination != "product":
+        raise ValueError(f"prm.probe.combination: unknown {combination!r} (known: {', '.join(COMBINATIONS)})")
+    log_p = (F.logsigmoid(value) + F.logsigmoid(validity)).clamp(max=-1e-7)
+    return log_p - torch.log(-torch.expm1(log_p))
+
+
+@dataclass
+class ProbeHead:
+    """The value head, the optional validity head and how the score combines them."""
+
+    value: LinearProbe
+    validity: LinearProbe | None = None
+    combination: str = "value"
+
+    def logits(self, features):
+        validity = self.validity.logits(features) if self.validity is not None else None
+        return combined_logits(self.value.logits(features), validity, self.combination)
+
+    def save(self, folder: str | Path, config: dict) -> None:
+        """Write the weights and ``config`` (:data:`CONFIG_NAME`, with the combination) into ``folder``."""
+        from safetensors.torch import save_file
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        tensors = self.value.tensors("value")
+        if self.validity is not None:
+            tensors.update(self.validity.tensors("validity"))
+        save_file(tensors, str(Path(folder) / WEIGHTS_NAME))
+        text = json.dumps({**config, "combination": self.combination}, indent=2, sort_keys=True, default=str)
+        (Path(folder) / CONFIG_NAME).write_text(text + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path, combination: str) -> "ProbeHead":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(folder) / WEIGHTS_NAME))
+        heads = {name: LinearProbe(*(tensors[f"{name}.{key}"] for key in ("mean", "std", "weight", "bias")))
+                 for name in HEADS if f"{name}.weight" in tensors}
+        return cls(heads["value"], heads.get("validity"), combination)
+
+
+def read_probe_config(adapter_dir: str) -> dict:
+    """The probe folder's config; a folder without one is an error that says what to do."""
+    path = Path(adapter_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{adapter_dir} has no {CONFIG_NAME}: it is no probe PRM, but prm.kind is probe; rerun "
+                                f"the prm_adapter rule with prm.kind: probe (or set prm.kind: lora)")
+    return json.loads(path.read_text())
+
+
+def read_probe_config(adapter_dir: str) -> dict:
+    """The probe folder's config, its policy checked: the SFT adapter it was fitted on is there, unchanged (its
+    SHA-256: a probe reads one policy's states). A folder without a config, or a changed policy, is an error that says
+    what to do."""
+    path = Path(adapter_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{adapter_dir} has no {CONFIG_NAME}: it is no probe PRM, but prm.kind is probe; rerun "
+                                f"the prm_adapter rule with prm.kind: probe (or set prm.kind: lora)")
+    config = json.loads(path.read_text())
+    sft_adapter = config["policy"]["sft_adapter"]
+    if sft_adapter and not os.path.isdir(sft_adapter):
+        raise FileNotFoundError(f"the probe PRM of {adapter_dir} reads the SFT policy {sft_adapter}, which does not "
+                                f"exist here: rerun the sft_adapter and prm_adapter rules")
+    if adapter_sha256(sft_adapter) != config["policy"]["sft_adapter_sha256"]:
+        raise ValueError(f"the SFT adapter {sft_adapter} changed since the probe PRM of {adapter_dir} was fitted on "
+                         f"its states: rerun the prm_adapter rule")
+    return config

@@ -1,0 +1,201 @@
+"""The probe PRM (``prm.kind: probe``) on the tiny model (CPU): it fits a separable signal on held-out instances,
+its scores do not depend on the batch, the prm_adapter stage's function trains it and ``load_prm`` gives the scorer
+the eval uses, the choices are made by cross-validation over train instances, the validity head reads the answers
+records, and a blind best_of_n with it plays the chosen answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clemprm import records, stats
+from clemprm.models import prm as prm_model
+from clemprm.models.probe import CONFIG_NAME, WEIGHTS_NAME
+from clemprm.play.engine import RolloutEngine
+from clemprm.search.best_of_n import best_of_n
+from clemprm.search import Pair
+from clemprm.stages import prm, probe
+from tests.test_search import JUNK, SAMPLING, catalog, seeded_policy, start  # noqa: F401 (fixtures)
+from tests.test_prm import MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row, synthetic_rows, write_labels
+
+PROBE = {"layers": [-1, -2], "window": 8, "l2": [0.01, 1.0], "combination": ["value", "product"], "folds": 3}
+
+
+def probe_settings(**prm_overrides) -> dict:
+    return prm_settings(**{"kind": "probe", "probe": PROBE, "validation_fraction": 0.25, **prm_overrides})
+
+
+def pairs_of(rows) -> list[Pair]:
+    return [Pair(row["prefix"], row["candidate"]) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, test_cache_dir):
+    tmp = tmp_path_factory.mktemp("probe")
+    rows = synthetic_rows()
+    settings = probe_settings()
+    metrics = prm.train_prm(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
+                            str(tmp / "metrics.json"), test_cache_dir)
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
+    return {"settings": settings, "metrics": metrics, "dir": tmp, "rows": rows, "scorer": scorer}
+
+
+def test_a_probe_fits_a_separable_signal_on_held_out_instances(fitted):
+    metrics, rows, scorer = fitted["metrics"], fitted["rows"], fitted["scorer"]
+    assert isinstance(scorer, prm_model.ProbeScorer)
+    held_out = set(metrics["examples"]["validation_instance_keys"])
+    assert held_out and metrics["evaluation"]["validation"]["auroc"] > 0.95
+    # the reloaded folder scores the held-out instances' pairs as well (the eval reads it through load_prm)
+    unseen = [row for row in rows if "/".join(map(str, (row["game"], row["experiment"], row["game_id"]))) in held_out]
+    scores = scorer.score(pairs_of(unseen))
+    assert stats.auroc(scores, [row["label"] for row in unseen]) > 0.95
+    assert metrics["status"] == "trained" and metrics["probe"]["features"] == 2 * 2 * 64
+
+
+def test_the_eval_loads_a_probe_for_best_of_n(fitted, test_cache_dir):
+    from clemprm.evaluation.evaluate import load_mode_scorer
+    from clemprm.modes import MODES
+
+    adapter = str(fitted["dir"] / "adapter")
+    scorer, used = load_mode_scorer(MODES["best_of_n"], fitted["settings"], {"prm_adapter": adapter}, None,
+                                    test_cache_dir)
+    pairs = pairs_of(fitted["rows"][:4])
+    assert isinstance(scorer, prm_model.ProbeScorer) and used == adapter
+    assert scorer.score(pairs) == pytest.approx(fitted["scorer"].score(pairs), abs=1e-6)
+
+
+def test_a_probe_folder_names_its_policy_and_its_choices(fitted):
+    folder = fitted["dir"] / "adapter"
+    assert {path.name for path in folder.iterdir()} >= {CONFIG_NAME, WEIGHTS_NAME, "README.md"}
+    config = json.loads((folder / CONFIG_NAME).read_text())
+    assert config["kind"] == "probe" and config["layers"] == [-1, -2] and config["window"] == 8
+    assert config["policy"] == {"spec": "tiny:0", "sft_adapter": None, "sft_adapter_sha256": None}
+    # no answers records: product is no candidate; each l2 cross-validated over train instances
+    assert [row["l2"] for row in config["cv"]] == [0.01, 1.0] and config["combination"] == "value"
+    assert config["l2"] == min(config["cv"], key=lambda row: row["cv_loss"])["l2"]
+    assert json.loads((fitted["dir"] / "metrics.json").read_text())["probe"]["cv"] == config["cv"]
+    card = (folder / "README.md").read_text()
+    assert "probe" in card and "PeftModel" not in card
+
+
+def test_probe_scores_do_not_depend_on_the_batch(fitted):
+    scorer, rows = fitted["scorer"], fitted["rows"]
+    pairs = pairs_of(rows[:10]) + [Pair(rows[0]["prefix"], "a much longer candidate " * 6)]
+    together = scorer.score(pairs)
+    alone = [scorer.score([pair])[0] for pair in pairs]
+    one_per_batch = prm_model.ProbeScorer(probe.ProbeFeatures(scorer.cfg, scorer.tokenizer, scorer.model, [-1, -2],
+                                                              8, token_budget=1), scorer.head)
+    assert together == pytest.approx(alone, abs=1e-5)
+    assert one_per_batch.score(list(reversed(pairs))) == pytest.approx(list(reversed(together)), abs=1e-5)
+    assert scorer.stats.shared_tokens == 0 and len(set(together)) > 2
+
+
+def test_empty_labels_write_an_untrained_probe_that_scores(tmp_path, test_cache_dir):
+    settings = probe_settings()
+    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", []), str(tmp_path / "adapter"),
+                            str(tmp_path / "m.json"), test_cache_dir)
+    assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    assert scorer.score(pairs_of(synthetic_rows()[:3])) == [0.5] * 3
+
+
+def test_instance_folds_keep_an_instance_in_one_fold():
+    keys = [("g", "e", i % 5) for i in range(20)]
+    folds = probe.instance_folds(keys, 3, seed=1)
+    assert set(folds) == {0, 1, 2}
+    assert all(len({f for f, key in zip(folds, keys) if key == k}) == 1 for k in set(keys))
+    assert probe.instance_folds(keys, 3, seed=1) == folds
+    assert set(probe.instance_folds(keys[:1], 3, seed=1)) == {0}
+
+
+def answer_rows(n: int) -> list[dict]:
+    """Answers records (:data:`records.ANSWERS`) on the train split: an answer naming the marker is accepted."""
+    rows = []
+    for i in range(n):
+        accepted = i % 2 == 0
+        prefix = [{"role": "user", "content": f"Round {i % 6}. Name a word."}]
+        rows.append({"source": "base_rollouts", "episode_id": f"g1/e0/{i % 6}/{i}", "game": "g1", "experiment": "e0",
+                     "game_id": i % 6, "split": "train", "turn_idx": 0, "player": "Player 1", "game_role": "Guesser",
+                     "messages": prefix, "response": f"I say {MARKER}" if accepted else f"I say {WORDS[i % 8]} now",
+                     "parse_ok": accepted, "count": 1, "n_success": 0, "n_lost": 1, "n_aborted": 0,
+                     "bench_score": 0.0})
+    return rows
+
+
+def test_the_validity_head_reads_the_answers_records(tmp_path, test_cache_dir):
+    answers = tmp_path / "answers.parquet"
+    records.write_records(answers, answer_rows(24), records.ANSWERS, {})
+    settings = probe_settings(acceptance_examples=16, probe={**PROBE, "combination": ["product"]})
+    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
+                            str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
+                            answers_path=str(answers))
+    validity = metrics["probe"]["validity"]
+    assert validity["examples"] == 16 and validity["accepted"] == 8 and len(validity["cv"]) == 2
+    assert metrics["probe"]["combination"] == "product"
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    assert scorer.head.validity is not None
+    value_only = prm_model.ProbeScorer(scorer.features, probe.ProbeHead(scorer.head.value))
+    pairs = pairs_of(synthetic_rows()[:6])
+    # the product is never above the value head's probability alone
+    assert all(p <= v + 1e-6 for p, v in zip(scorer.score(pairs), value_only.score(pairs)))
+    with pytest.raises(ValueError, match="answers input"):
+        prm.train_prm(settings, str(tmp_path / "labels.parquet"), str(tmp_path / "again"),
+                      str(tmp_path / "again.json"), test_cache_dir)
+
+
+def test_probe_errors_name_the_key_and_what_to_do(fitted, tmp_path, test_cache_dir):
+    settings = fitted["settings"]
+    with pytest.raises(ValueError, match="prm.base_model"):
+        probe.policy_features(settings["model"], {**settings["prm"], "base_model": "tiny:1"}, None, test_cache_dir)
+    with pytest.raises(ValueError, match="prm.probe.layers"):
+        features = probe.policy_features(settings["model"], {**settings["prm"], "probe": {**PROBE, "layers": [-9]}},
+                                         None, test_cache_dir)
+        features.of([[1, 2, 3]])
+    (tmp_path / "lora").mkdir()
+    with pytest.raises(FileNotFoundError, match=CONFIG_NAME):
+        prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "lora"), test_cache_dir)
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "adapter_model.safetensors").write_bytes(b"one")
+    probe.write_probe(fitted["scorer"], tmp_path / "tied", None, str(sft))
+    (sft / "adapter_model.safetensors").write_bytes(b"two")
+    with pytest.raises(ValueError, match="changed since"):
+        prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "tied"), test_cache_dir)
+
+
+def test_best_of_n_with_a_probe_plays_the_chosen_answer(catalog, seeded_policy, tmp_path, test_cache_dir):
+    """The probe in the blind loop: fitted on oddoneout train prompts where answers naming the marker word are
+    labelled high, it picks the marker answer among sampled ones on unseen validation prompts; no game saw a
+    candidate before it was chosen."""
+    engine = RolloutEngine(catalog, SAMPLING)
+    rows = []
+    for episode in start(engine, catalog.instances("oddoneout", "train"), seeded_policy(lambda m, seed: JUNK)):
+        prefix = engine.waiting(episode)[1]
+        game, experiment, game_id = episode.instance.key
+        for turn, word in enumerate(WORDS[:4]):
+            marked = turn % 2 == 0
+            rows.append(soft_label_row(game, experiment, game_id, turn, prefix,
+                                       f"ANSWER: {MARKER if marked else word}", POSITIVE if marked else NEGATIVE))
+    settings = probe_settings(validation_fraction=0.0)
+    prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
+                  str(tmp_path / "metrics.json"), test_cache_dir)
+    scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
+    proposed = {}
+
+    class RecordingPRM:
+        def score(self, pairs):
+            for pair in pairs:
+                assert pair.reply is None and pair.accepted is None   # blind: no game saw the candidate
+                proposed.setdefault(str(pair.perspective), set()).add(pair.candidate)
+            return scorer.score(pairs)
+
+    def answer(messages, seed):  # one sample in three names the marker
+        return f"ANSWER: {MARKER}" if seed % 3 == 0 else f"ANSWER: {WORDS[seed % 7]}"
+
+    episodes = start(engine, catalog.instances("oddoneout", "validation"), seeded_policy(answer))
+    best_of_n(engine, episodes, RecordingPRM(), 12, SAMPLING)
+    first_turns = [episode.turns[0] for episode in episodes]
+    assert first_turns and all(len(proposed[str(turn["messages"])]) > 1 for turn in first_turns)
+    with_marker = [turn for turn in first_turns if f"ANSWER: {MARKER}" in proposed[str(turn["messages"])]]
+    assert with_marker and all(turn["response"] == f"ANSWER: {MARKER}" for turn in with_marker)
