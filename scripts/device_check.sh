@@ -7,13 +7,13 @@
 #   pipeline  the tiny pipeline end to end (tests/test_workflow.py's config), quantization auto: NF4 + bf16 on CUDA;
 #             its SFT and PRM metrics must show the CUDA branches (bf16, gradient checkpointing, paged 8-bit AdamW)
 #   trainers  the SFT and PRM trainers on SmolLM2 (NF4 + bf16), a few steps each, then PRM scoring
-#   bench     scripts/bench_generation.py on SmolLM2: tokens/s of HF generate and of clemprm's generator
+#   bench     python -m clemprm.bench generation on SmolLM2: tokens/s of HF generate and of clemprm's generator
 #   multigpu  with 2 or more GPUs (else it says so and passes): SFT and the PRM in 2 processes on NCCL
 #             (tests/distributed/train_job.py on the pipeline step's run), and the pipeline's greedy_base eval mode
 #             rerun with `processes=2`: its records must equal the one-process run's
 #   vllm      with CLEMPRM_VLLM_PYTHON naming a Python with vLLM's CUDA build (else it says so and passes; the machine
-#             has no network to install it): scripts/bench_vllm.py on SmolLM2 (tokens/s of the engine and of vLLM on
-#             the same GPU at batch 32 and 128, greedy agreement)
+#             has no network to install it): python -m clemprm.bench vllm on SmolLM2 (tokens/s of the engine and of
+#             vLLM on the same GPU at batch 32 and 128, greedy agreement)
 # The checks after setup take at most 8 minutes (their limits add up to 480 s; setup has its own, 900 s).
 #
 #   bash scripts/device_check.sh                 set up .venv-device (once), then run every step
@@ -56,9 +56,9 @@ declare -A WHAT=(
   [probe]="torch sees the GPU, bf16, a 4-bit NF4 layer with bf16 compute runs"
   [pipeline]="snakemake --cores 8 on tests/test_workflow.py's tiny config in $WORK/pipeline, then its metrics"
   [trainers]="sft.train_sft + prm.train_prm on SmolLM2 (NF4 + bf16), then PRM scoring"
-  [bench]="python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8"
+  [bench]="python -m clemprm.bench generation --batch-sizes 1,8,32 --repeat 1 --threads 8"
   [multigpu]="torchrun --nproc_per_node 2 tests/distributed/train_job.py; greedy_base with processes=2 (2+ GPUs)"
-  [vllm]="python scripts/bench_vllm.py --vllm-python \$CLEMPRM_VLLM_PYTHON --batch-sizes 32,128 --skip-workloads")
+  [vllm]="python -m clemprm.bench vllm --vllm-python \$CLEMPRM_VLLM_PYTHON --batch-sizes 32,128 --skip-workloads")
 
 # step NAME COMMAND...: run COMMAND under `timeout`, its output in $REPORT/NAME.log; one row of the summary
 step() {
@@ -172,7 +172,7 @@ PY
 }
 
 bench() {
-  python scripts/bench_generation.py --batch-sizes 1,8,32 --repeats 1 --threads 8 --cache-dir "$WORK/cache"
+  python -m clemprm.bench generation --batch-sizes 1,8,32 --repeat 1 --threads 8 --cache-dir "$WORK/cache"
 }
 
 multigpu() {
@@ -203,7 +203,7 @@ vllm_step() {
   if [ -z "${CLEMPRM_VLLM_PYTHON:-}" ] || ! "$CLEMPRM_VLLM_PYTHON" -c "import vllm" 2>/dev/null; then
     echo "vllm: skipped, no CLEMPRM_VLLM_PYTHON with vLLM installed (this machine cannot download it)"; return 0
   fi
-  python scripts/bench_vllm.py --vllm-python "$CLEMPRM_VLLM_PYTHON" --batch-sizes 32,128 --repeats 1 \
+  python -m clemprm.bench vllm --vllm-python "$CLEMPRM_VLLM_PYTHON" --batch-sizes 32,128 --repeat 1 \
     --skip-workloads --cache-dir "$WORK/cache"
 }
 
@@ -229,9 +229,9 @@ write_summary() {
       | sed 's/^\([a-z]*\) on SmolLM2: .*peak_cuda_mb=\([0-9]*\)/\1 on SmolLM2: peak allocated \2 MiB/'
     if [ -f "$REPORT/bench.log" ]; then
       echo
-      echo "generation, SmolLM2 (scripts/bench_generation.py; tokens/s, HF generate vs clemprm's generator):"
+      echo "generation, SmolLM2 (python -m clemprm.bench generation; tokens/s, HF generate vs clemprm's generator):"
       echo '```'
-      grep -E '^==|^batch|^ *[0-9]+ +(fixed|natural) \||^greedy batch' "$REPORT/bench.log"
+      sed -n '/^== generation:/,$p' "$REPORT/bench.log"   # the door's table of figures and its notes
       echo '```'
     fi
   } >"$SUMMARY"

@@ -1,6 +1,7 @@
 """The learning benchmark over seeds: the pipeline once per seed and regime, then one table of the PRMs and searches.
 
-    python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test] [--regimes blind lookahead]
+    python scripts/learning_benchmark.py [--seeds 7 11 42] [--split test]
+                                         [--regimes blind blind-probe lookahead lookahead-probe]
                                          [--config configs/learning.yaml] [--lookahead configs/lookahead.yaml]
                                          [--workdir runs/learning] [--cores 2] [--table-only] [--add SEEDS_JSON ...]
 
@@ -9,21 +10,24 @@ Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/blin
 finished seed is up to date and costs nothing): the blind regime, the PRM reading the candidate alone. Then
 ``WORKDIR/seed-<seed>/lookahead/`` starts as a copy of the blind run up to the soft labels (mtimes and Snakemake's
 metadata kept: nothing upstream reruns) and runs with ``--lookahead`` on top: the PRM trained again to read the
-game's reply, and the lookahead searches with their rule controls. ``WORKDIR/seeds.md`` and ``seeds.json`` get the
-table of :mod:`clemprm.evaluation.seeds`: per seed and on the mean over the seeds, blind rows first. A claim holds
+game's reply, and the lookahead searches with their rule controls. ``blind-probe`` and ``lookahead-probe`` are the
+same regimes with the probe PRM (``{prm: {kind: probe}}`` on top), each started as a copy of the LoRA PRM's run of
+its regime that keeps the searches that read no PRM: only the PRM and the searches that read it run again, on the
+same soft labels and against the same controls. ``WORKDIR/seeds.md`` and ``seeds.json`` get the table of
+:mod:`clemprm.evaluation.seeds`: per seed and on the mean over the seeds, blind rows first, each figure of the LoRA
+PRM beside the probe's, and the probe minus the LoRA PRM on the same held-out states (unpaired). A claim holds
 when the 95% interval of its paired difference's mean over at least three seeds clears 0; ``--split test`` (the
 untouched split) is the final check.
 Each seed's row names the commit that ran it; ``--add`` joins the rows of tables made elsewhere (another machine, a
 cluster job, an earlier run) to the table; a regime run here replaces that regime's figures of a joined seed.
-The arguments are checked before any seed runs (config files, ``--add`` tables, a lookahead run's blind run); a seed
-without a summary is a warning, and a table with nothing measured an error (:mod:`clemprm.evaluation.seeds`).
+The arguments are checked before any seed runs (config files, ``--add`` tables, the run a regime starts from); a
+seed without a summary is a warning, and a table with nothing measured an error (:mod:`clemprm.evaluation.seeds`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -36,32 +40,20 @@ from clemprm.evaluation import seeds
 REPO = Path(__file__).resolve().parent.parent
 
 
-# what the lookahead run makes anew (its PRM reads the reply, its searches play forks); the rest it takes from blind
-LOOKAHEAD_REMADE = ("prm", "eval", "prm_eval.json", "clembench", "report", "benchmarks", "logs")
-
-
-def start_lookahead(blind: Path, lookahead: Path) -> None:
-    """The lookahead run's folder as a copy of the blind run's up to the soft labels (once)."""
-    if lookahead.exists():
-        return
-    shutil.copytree(blind / ".snakemake" / "metadata", lookahead / ".snakemake" / "metadata")
-    shutil.copytree(blind / "results", lookahead / "results",   # copy2 keeps each file's mtime
-                    ignore=lambda folder, names: LOOKAHEAD_REMADE if Path(folder) == blind / "results" else ())
-
-
 def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
     """The pipeline for one seed in one regime, in its own folder; returns its summary's path."""
     workdir = seeds.seed_dir(Path(args.workdir), seed, regime)
-    if regime == "lookahead":
-        start_lookahead(seeds.seed_dir(Path(args.workdir), seed, "blind"), workdir)
+    seeds.start_run(Path(args.workdir), seed, regime)
     workdir.mkdir(parents=True, exist_ok=True)
     override = workdir / "seed.yaml"
     # a PRM that fails its quality gate is a result here: the searches run on it and the table shows the gate
-    override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}, "on_failure": "continue"}))
+    override.write_text(yaml.safe_dump({"seed": seed, "eval": {"split": args.split}, "on_failure": "continue",
+                                        **seeds.regime_override(regime)}))
+    lookahead = seeds.split_regime(regime)[0] == "lookahead"
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", str(args.cores),
                "--directory", str(workdir), "--rerun-incomplete", "results/prm_eval.json",
                "--configfile", str(Path(args.config).resolve()),
-               *([str(Path(args.lookahead).resolve())] if regime == "lookahead" else []), str(override)]
+               *([str(Path(args.lookahead).resolve())] if lookahead else []), str(override)]
     summary = workdir / "results" / "prm_eval.json"
     made_before = summary.stat().st_mtime_ns if summary.is_file() else None
     start = time.perf_counter()
@@ -86,8 +78,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 11, 42])
     parser.add_argument("--split", default="test", choices=["validation", "test"])
     parser.add_argument("--regimes", nargs="+", default=list(seeds.REGIMES), choices=seeds.REGIMES,
-                        help="run in this order whatever the order given: blind, then lookahead (which starts from "
-                             "the blind run)")
+                        help="run in this order whatever the order given: blind, blind-probe (the probe PRM, "
+                             "started from the blind run), lookahead (started from the blind run), lookahead-probe "
+                             "(started from the lookahead run)")
     parser.add_argument("--config", default=str(REPO / "configs" / "learning.yaml"))
     parser.add_argument("--lookahead", default=str(REPO / "configs" / "lookahead.yaml"),
                         help="the config on top of --config for the lookahead regime")
@@ -98,7 +91,8 @@ def main() -> None:
                         help="seeds.json files of seeds run elsewhere, joined to the table (a regime run here wins)")
     args = parser.parse_args()
     out, regimes = Path(args.workdir), seeds.regimes_in_order(args.regimes)   # blind first
-    configs = {"--config": args.config, **({"--lookahead": args.lookahead} if "lookahead" in regimes else {})}
+    lookahead = any(seeds.split_regime(regime)[0] == "lookahead" for regime in regimes)
+    configs = {"--config": args.config, **({"--lookahead": args.lookahead} if lookahead else {})}
     try:   # the arguments checked before any seed runs
         added = seeds.read_added(args.add)
         if not args.table_only:

@@ -1,5 +1,5 @@
 """clemcore's own runners (sequential, batchwise) with in-memory scoring: the reference the engine is
-compared against, in the equivalence tests and in ``scripts/bench_engine.py``."""
+compared against, in the equivalence tests and in ``clemprm.bench.engine`` and ``labels``."""
 
 from __future__ import annotations
 

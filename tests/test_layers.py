@@ -23,6 +23,7 @@ FLOORS = [
     ("clemprm.rl",),
     ("clemprm.evaluation",),
     ("clemprm.workflow", "clemprm.cli", "clemprm.__main__"),
+    ("clemprm.bench",),
 ]
 
 

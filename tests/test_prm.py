@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -349,6 +350,13 @@ def test_eval_summary_repeats_the_held_out_ranking_and_the_report_draws_the_pick
     assert report.figure_data(tmp_path / "none.png") == {"groups": [], "bars": {}}
 
 
+def test_verdict_metrics_rank_the_accepted_candidates():
+    assert prm_metrics.verdict_metrics([0.9, 0.2, 0.7, 0.4], [1.0, 0.0, 1.0, 0.0]) == {"n": 4, "accepted": 2,
+                                                                                     "auroc": 1.0}
+    assert prm_metrics.verdict_metrics([0.1, 0.9, 0.5], [1.0, 0.0, 0.0])["auroc"] == 0.0
+    assert prm_metrics.verdict_metrics([0.3, 0.6], [1.0, 1.0])["auroc"] is None
+
+
 def test_sibling_statistics_count_ties_half_and_regret_the_mean_of_tied_picks():
     assert prm_metrics.sibling_statistics([0.9, 0.1, 0.5], [1.0, 0.0, 0.0]) == (2.0, 2, 0.0)
     assert prm_metrics.sibling_statistics([0.1, 0.9], [1.0, 0.0]) == (0.0, 1, 1.0)
@@ -450,8 +458,11 @@ def test_metrics_json_has_every_key(trained):
     for key in ("status", "model", "loss", "examples", "tokens", "steps", "epochs_run", "max_epochs", "stopped_early",
                 "best_epoch", "batch_size", "grad_accum", "effective_batch", "train_loss", "eval_loss",
                 "initial_eval_loss", "history", "evaluation", "baselines", "ranking", "train_seconds", "seconds",
-                "peak_memory_mb", "config", "versions", "gate", "label_weighting"):
+                "peak_memory_mb", "config", "versions", "gate", "label_weighting", "verdicts"):
         assert key in metrics, key
+    # the game accepted every synthetic held-out candidate: one verdict, no AUROC
+    assert metrics["verdicts"] == {"side": "validation", "n": metrics["examples"]["validation"],
+                                   "accepted": metrics["examples"]["validation"], "auroc": None}
     block_keys = {"n", "mean_label", "mean_prediction", "std_label", "std_prediction", "bce", "mse", "pearson",
                   "spearman", "auroc", "calibration"}
     for side in ("train", "validation"):
@@ -945,9 +956,6 @@ def untrained_prm(tmp_path_factory, test_cache_dir):
 def test_a_prm_that_learned_nothing_stops_the_stage_naming_the_metric_and_the_baseline(untrained_prm, test_cache_dir):
     """prm.gate.on_failure: stop (configs/cluster.yaml), or inherit under the run's on_failure: stop."""
     from clemprm.checks.run_time import StageFailure
-
-    from pathlib import Path
-
     from clemprm.config import merge_config_files
 
     cluster = Path(__file__).resolve().parent.parent / "configs" / "cluster.yaml"
@@ -975,11 +983,29 @@ def test_by_default_a_failed_gate_reports_and_the_run_goes_on(untrained_prm, tes
     assert [mark["condition"] for mark in read_failure_marks(tmp / "report.json")] == ["prm_not_learned"]
 
 
+def summary_of_a_search(scripted_policy, folder: Path, prm_metrics_path: Path) -> dict:
+    """The eval summary of greedy_sft and best_of_n played by a policy that always answers "GUESS: 5" (best_of_n's
+    PRM scripted to a constant), beside the PRM stage's metrics at ``prm_metrics_path``."""
+    from clemprm.evaluation import evaluate
+    from clemprm.play.engine import Generation
+    from tests.test_evaluation import SETTINGS, ScriptedPRM
+
+    class Policy(scripted_policy):
+        def generate(self, perspectives, seeds=None, **kwargs):
+            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2)
+                    for _ in perspectives]
+
+    paths = [str(folder / f"{mode}.parquet") for mode in ("greedy_sft", "best_of_n")]
+    for mode, path in zip(("greedy_sft", "best_of_n"), paths):
+        evaluate.evaluate_mode(mode, SETTINGS, path, policy=Policy(None, name=mode),
+                               prm=ScriptedPRM(lambda messages, candidate: 0.5))
+    return evaluate.summarize_eval(SETTINGS, paths, str(folder / "prm_eval.json"),
+                                   prm_metrics_path=str(prm_metrics_path))
+
+
 def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_searched_with_the_prm(
         untrained_prm, test_cache_dir, scripted_policy):
     from clemprm.evaluation import evaluate, report
-    from clemprm.play.engine import Generation
-    from tests.test_evaluation import SETTINGS, ScriptedPRM
 
     tmp, settings, labels = untrained_prm
     metrics = prm.train_prm(settings, labels, str(tmp / "adapter"), str(tmp / "metrics.json"), test_cache_dir,
@@ -988,18 +1014,7 @@ def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_sear
     (mark,) = metrics["failure_marks"]
     assert mark["condition"] == "prm_not_learned" and mark["stage"] == "prm_adapter"
 
-    class Policy(scripted_policy):
-        def generate(self, perspectives, seeds=None, **kwargs):
-            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2)
-                    for _ in perspectives]
-
-    paths = {}
-    for mode in ("greedy_sft", "best_of_n"):
-        paths[mode] = str(tmp / f"{mode}.parquet")
-        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=Policy(None, name=mode),
-                               prm=ScriptedPRM(lambda messages, candidate: 0.5))
-    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp / "prm_eval.json"),
-                                      prm_metrics_path=str(tmp / "metrics.json"))
+    summary = summary_of_a_search(scripted_policy, tmp, tmp / "metrics.json")
     assert summary["prm"]["gate"]["status"] == "failed"
     assert summary["modes"]["best_of_n"]["prm_gate"] == "failed" and "prm_gate" not in summary["modes"]["greedy_sft"]
     assert [m["condition"] for m in summary["upstream_warnings"]] == ["prm_not_learned"]
@@ -1013,24 +1028,11 @@ def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_sear
 def test_a_gate_not_judged_is_a_warning_in_the_summary_the_table_and_the_report(trained, tmp_path, scripted_policy):
     """The trained PRM's gate is not judged (4 held-out pairs): every mode that searched with it says so in
     prm_eval.json's warnings, the results table and the report's front page; it is no failure mark."""
-    from clemprm.evaluation import console, evaluate, report
-    from clemprm.play.engine import Generation
-    from tests.test_evaluation import SETTINGS, ScriptedPRM
+    from clemprm.evaluation import console, report
 
     assert trained["metrics"]["gate"]["status"] == "not_judged" and not trained["metrics"].get("failure_marks")
 
-    class Policy(scripted_policy):
-        def generate(self, perspectives, seeds=None, **kwargs):
-            return [Generation(text="GUESS: 5", raw_text="GUESS: 5", prompt_tokens=1, new_tokens=2)
-                    for _ in perspectives]
-
-    paths = {}
-    for mode in ("greedy_sft", "best_of_n"):
-        paths[mode] = str(tmp_path / f"{mode}.parquet")
-        evaluate.evaluate_mode(mode, SETTINGS, paths[mode], policy=Policy(None, name=mode),
-                               prm=ScriptedPRM(lambda messages, candidate: 0.5))
-    summary = evaluate.summarize_eval(SETTINGS, list(paths.values()), str(tmp_path / "prm_eval.json"),
-                                      prm_metrics_path=str(trained["dir"] / "metrics.json"))
+    summary = summary_of_a_search(scripted_policy, tmp_path, trained["dir"] / "metrics.json")
     assert summary["modes"]["best_of_n"]["prm_gate"] == "not_judged" and summary["upstream_warnings"] == []
     (warning,) = summary["warnings"]
     assert warning.startswith("best_of_n ran on a PRM whose quality gate was not judged (no evidence is no pass)")

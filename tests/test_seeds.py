@@ -6,10 +6,13 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
 from clemprm.evaluation import seeds
+from tests.conftest import tiny_config
 
 
 def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the_mean(completed_run):
@@ -125,3 +128,199 @@ def test_a_claim_reads_each_seed_interval_at_the_level_it_was_made_at():
     assert at_95["holds"] is True and at_90["holds"] is False
     assert at_90["mean"]["ci_low"] < at_95["mean"]["ci_low"]
     assert seeds.seeds_table(rows("[+0.100, +5.900]"))["claims"][claim] == at_95
+
+
+# ------------------------------------------------------------------------- the probe PRM beside the LoRA PRM (issue 56)
+
+def estimate(value: float, half: float) -> dict:
+    return {"value": value, "ci_low": value - half, "ci_high": value + half}
+
+
+def blind_summary(accuracy: float, regret: float, quality: float) -> dict:
+    """The parts of a blind run's prm_eval.json the table reads: its PRM's ranking on held-out states (95% intervals)
+    against length, and best_of_n against random_of_n."""
+    ranking = {"ci": 0.95,
+               "scorers": {"prm": {"overall": {"pairwise_accuracy": estimate(accuracy, 0.05),
+                                               "top1_regret": estimate(regret, 0.02)}},
+                           "candidate_length": {"overall": {"pairwise_accuracy": estimate(0.55, 0.05),
+                                                            "top1_regret": estimate(0.11, 0.02)}}},
+               "differences": {"candidate_length": {"overall": {"pairwise_accuracy": estimate(accuracy - 0.55, 0.04),
+                                                                "top1_regret": estimate(regret - 0.11, 0.02)}}}}
+    played = {"quality": estimate(quality, 4.0), "percent_played": estimate(2.0, 5.0)}
+    return {"prm": {"input": "candidate", "ranking": ranking, "gate": {"status": "failed"}},
+            "modes": {"best_of_n": {"regime": "blind"}, "random_of_n": {"regime": "blind"}},
+            "differences": {"random_of_n": {"best_of_n": {"overall": played}}}, "bootstrap": {"ci": 0.95}}
+
+
+PROBE = {"config": {"prm": {"kind": "probe"}}}   # the probe PRM stage's metrics.json, as far as the table reads it
+LORA = {"config": {"prm": {"kind": "lora"}}, "verdicts": {"side": "validation", "n": 64, "accepted": 40, "auroc": 0.58}}
+
+
+def test_a_probe_run_is_tabulated_as_its_own_regime_with_each_figure_and_its_interval():
+    lora = seeds.seed_row(blind_summary(0.55, 0.10, 3.0), LORA)
+    probe = seeds.seed_row(blind_summary(0.70, 0.05, 6.0), PROBE)
+    assert lora["blind/ranking/prm/pairwise_accuracy"] == 0.55 and lora["blind/verdict_auroc"] == 0.58
+    assert lora["blind/ranking/prm/pairwise_accuracy/ci"] == "95% [+0.500, +0.600]"   # a scorer's own interval
+    assert probe["blind-probe/ranking/prm/pairwise_accuracy"] == 0.70
+    assert probe["blind-probe/ranking/prm-candidate_length/top1_regret"] == pytest.approx(-0.06)
+    assert probe["blind-probe/difference/best_of_n-random_of_n/quality"] == 6.0
+    assert probe["blind-probe/gate"] == "failed"
+    assert all(key.startswith("blind-probe/") for key in probe)   # no figure of the probe's run under blind/
+    assert "blind-probe/verdict_auroc" not in probe   # these metrics carry no held-out verdicts
+    assert seeds.seed_row(blind_summary(0.55, 0.10, 3.0)) == {   # no metrics: a PRM from before the kinds, LoRA
+        key: value for key, value in lora.items() if key != "blind/verdict_auroc"}
+    assert seeds.regime_override("blind-probe") == {"prm": {"kind": "probe"}} and seeds.regime_override("blind") == {}
+    assert seeds.split_regime("lookahead-probe") == ("lookahead", "probe")
+
+
+def test_the_probe_is_judged_against_the_lora_prm_on_the_same_states_unpaired():
+    """Per seed the probe's figure minus the LoRA PRM's, with the difference of their intervals (valid whatever the
+    correlation); the claim holds on the mean over three seeds when that interval clears 0, and each kind's own
+    claims are judged apart."""
+    rows = {seed: {**seeds.seed_row(blind_summary(0.55 + shift, 0.10, 3.0), LORA),
+                   **seeds.seed_row(blind_summary(0.75 + shift, 0.04, 6.0), PROBE)}
+            for seed, shift in ((7, 0.0), (11, 0.02), (42, -0.02))}
+    table = seeds.seeds_table(rows)
+    key = "blind/ranking/probe-lora/pairwise_accuracy"
+    assert table["seeds"][7][key] == pytest.approx(0.20)
+    assert table["seeds"][7][f"{key}/ci"] == "95% [+0.100, +0.300]"   # 0.70 - 0.60, 0.80 - 0.50
+    assert table["mean"][key] == pytest.approx(0.20)
+    claims = table["claims"]
+    accuracy = claims["blind: probe ranks siblings better than lora (pairwise accuracy, unpaired)"]
+    assert accuracy["difference"] == key and accuracy["holds"] is True
+    # regret 0.04 against 0.10, each +-0.02: the unpaired interval [-0.10, -0.02] clears 0
+    assert claims["blind: probe picks better than lora (top-1 regret, unpaired)"]["holds"] is True
+    assert claims["blind-probe: best_of_n beats random_of_n on quality"]["holds"] is True   # 6 +- 4 on every seed
+    assert claims["blind: best_of_n beats random_of_n on quality"]["holds"] is False   # 3 +- 4
+    assert claims["lookahead: probe ranks siblings better than lora (pairwise accuracy, unpaired)"]["holds"] is None
+
+    close = {seed: {**seeds.seed_row(blind_summary(0.60, 0.10, 3.0), LORA),
+                    **seeds.seed_row(blind_summary(0.65, 0.09, 3.0), PROBE)} for seed in (7, 11, 42)}
+    accuracy_claim = "blind: probe ranks siblings better than lora (pairwise accuracy, unpaired)"
+    claim = seeds.seeds_table(close)["claims"][accuracy_claim]
+    assert claim["mean"]["value"] == pytest.approx(0.05) and claim["holds"] is False   # [-0.05, +0.15] per seed
+
+    levels = {seed: {**row, "blind/ranking/prm/pairwise_accuracy/ci": "90% [+0.500, +0.600]"}
+              for seed, row in close.items()}   # made at two levels: no interval, no verdict
+    table = seeds.seeds_table(levels)
+    assert f"{key}/ci" not in table["seeds"][7] and table["seeds"][7][key] == pytest.approx(0.05)
+    assert table["claims"][accuracy_claim]["holds"] is None
+
+
+def test_a_probe_run_joins_the_lora_run_of_its_seed_and_the_difference_is_made_anew():
+    """A seed's LoRA row from another table joined by its probe run here: both kinds' figures, side by side in the
+    Markdown, and the probe-lora difference made from them, never read from a row (a stale one is dropped)."""
+    lora = {**seeds.seed_row(blind_summary(0.55, 0.10, 3.0), LORA), "blind/commit": "abc1234",
+            "blind/ranking/probe-lora/pairwise_accuracy": 0.9}   # stale: made from an earlier probe run
+    probe = {**seeds.seed_row(blind_summary(0.70, 0.05, 6.0), PROBE), "blind-probe/commit": "def5678"}
+    joined = seeds.join_row(lora, probe)
+    assert joined == {**lora, **probe}   # the blind figures stay: a regime run here replaces only its own
+    table = seeds.seeds_table({7: joined, 11: joined, 42: joined})
+    assert table["seeds"][7]["blind/ranking/probe-lora/pairwise_accuracy"] == pytest.approx(0.15)
+    assert table["seeds"][7]["blind-probe/commit"] == "def5678"
+    alone = seeds.seeds_table({7: lora})["seeds"][7]   # no probe figures: no difference
+    assert not any("/probe-lora/" in key for key in alone)
+    lines = seeds.markdown(table).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| blind/ranking/prm/pairwise_accuracy |"))
+    assert lines[at + 1].startswith("| blind-probe/ranking/prm/pairwise_accuracy | 0.700 95% [+0.650, +0.750] |")
+    assert lines[at + 4].startswith("| blind/ranking/probe-lora/pairwise_accuracy | 0.150 95% [+0.050, +0.250] |")
+    assert any(line.startswith("| blind: probe ranks siblings better than lora (pairwise accuracy, unpaired) | "
+                               "+0.150 ") for line in lines)
+
+
+def write_run(run: Path, kind: str, scores: list[float]) -> None:
+    """A run's results/prm/metrics.json of a PRM of ``kind`` whose held-out ranking is measured by the stage's own
+    ranking_metrics (8 states of two siblings, labels 1 and 0, the PRM's ``scores`` in that order) and its real
+    prm_eval.json (of no mode), made from it."""
+    from clemprm.config import sections
+    from clemprm.evaluation import evaluate
+    from clemprm.stages.prm import Example
+    from clemprm.stages.prm_metrics import ranking_metrics
+
+    examples = [Example([1], False, float(i % 2 == 0), ("wordle", "0_high", str(i // 4)), state_id=str(i // 2))
+                for i in range(16)]
+    ranking = ranking_metrics(examples, {"prm": scores, "candidate_length": [float(i % 3) for i in range(16)]},
+                              200, 0, 0.95)
+    metrics = {"config": {"prm": {"kind": kind}}, "input": "candidate", "loss": "bce", "pairwise_weight": 1.0,
+               "examples": {"heldout_instances": 4}, "ranking": {**ranking, "side": "heldout"}, "baselines": {},
+               "evaluation": {"heldout": {"n": 16, "pearson": None, "spearman": None, "auroc": None}},
+               "gate": {"status": "failed", "checks": [], "reported": [], "not_judged": []}}
+    (run / "results" / "prm").mkdir(parents=True)
+    (run / "results" / "prm" / "metrics.json").write_text(json.dumps(metrics))
+    evaluate.summarize_eval(sections(tiny_config(), "seed", "model", "games", "eval"), [],
+                            str(run / "results/prm_eval.json"), prm_metrics_path=str(run / "results/prm/metrics.json"))
+
+
+def test_each_kind_is_read_from_its_own_folder_and_a_run_in_the_wrong_folder_is_refused(tmp_path):
+    right = [1.0, 0.0] * 8   # every differently labelled pair ranked right
+    write_run(seeds.seed_dir(tmp_path, 7, "blind"), "lora", [0.0, 1.0] * 8)
+    write_run(seeds.seed_dir(tmp_path, 7, "blind-probe"), "probe", right)
+    rows, warnings = seeds.measured_rows(tmp_path, [7], ["blind", "blind-probe"], {})
+    assert warnings == []
+    assert rows[7]["blind/ranking/prm/pairwise_accuracy"] == 0.0
+    assert rows[7]["blind-probe/ranking/prm/pairwise_accuracy"] == 1.0
+    assert rows[7]["blind/commit"] == rows[7]["blind-probe/commit"] == "unknown"
+    assert seeds.seeds_table(rows)["seeds"][7]["blind/ranking/probe-lora/pairwise_accuracy"] == 1.0
+    write_run(seeds.seed_dir(tmp_path, 11, "blind"), "probe", right)   # a probe PRM's run in the LoRA PRM's folder
+    with pytest.raises(seeds.BenchmarkError, match=r"^seed 11, blind: .*prm_eval.json is of a blind-probe run .*, "
+                                                   r"not of the blind regime its folder is: move it to .*blind-probe"):
+        seeds.measured_rows(tmp_path, [7, 11], ["blind", "blind-probe"], {})
+
+
+def test_a_probe_run_starts_from_the_lora_run_keeping_the_soft_labels_and_the_controls_episodes(tmp_path):
+    """blind-probe starts as a copy of the blind run (mtimes and Snakemake's metadata kept) less the PRM, what reads
+    it, the summary and the report, and less the logs and times of the shared stages; lookahead keeps no mode of the
+    blind run (it plays others); a run started before is left as it is."""
+    blind = seeds.seed_dir(tmp_path, 7, "blind")
+    metadata = "cmVzdWx0cy9wcm1fZXZhbC5qc29u"   # Snakemake's record of results/prm_eval.json
+    made = ["results/labels/soft_labels.parquet", "results/rollouts/base_train.parquet", "results/prm/metrics.json",
+            "results/prm_eval.json", "results/report/prm_calibration.png", "results/eval/random_of_n.parquet",
+            "results/eval/best_of_n.parquet", "results/eval/best_of_n_logprob.parquet",
+            "results/clembench/random_of_n/run/instance.json", "results/clembench/best_of_n/run/instance.json",
+            "results/logs/soft_labels/0.log", "results/logs/prm_adapter.log", "results/logs/eval/random_of_n.log",
+            "results/logs/eval/best_of_n.log", "results/benchmarks/prm_adapter.tsv",
+            "results/benchmarks/eval/random_of_n.tsv", "results/benchmarks/eval/best_of_n.tsv",
+            f".snakemake/metadata/{metadata}"]
+    for name in made:
+        (blind / name).parent.mkdir(parents=True, exist_ok=True)
+        (blind / name).write_text(name)
+        os.utime(blind / name, (1_000_000, 1_000_000))
+
+    def files(run: Path) -> set[str]:
+        return {path.relative_to(run).as_posix() for path in run.rglob("*") if path.is_file()}
+
+    seeds.start_run(tmp_path, 7, "blind-probe")
+    probe = seeds.seed_dir(tmp_path, 7, "blind-probe")
+    assert files(probe) == {"results/labels/soft_labels.parquet", "results/rollouts/base_train.parquet",
+                            "results/eval/random_of_n.parquet", "results/eval/best_of_n_logprob.parquet",
+                            "results/clembench/random_of_n/run/instance.json", "results/logs/eval/random_of_n.log",
+                            "results/benchmarks/eval/random_of_n.tsv", f".snakemake/metadata/{metadata}"}
+    assert (probe / "results/eval/random_of_n.parquet").stat().st_mtime == 1_000_000
+    seeds.start_run(tmp_path, 7, "lookahead")
+    assert files(seeds.seed_dir(tmp_path, 7, "lookahead")) == {
+        "results/labels/soft_labels.parquet", "results/rollouts/base_train.parquet",
+        f".snakemake/metadata/{metadata}"}
+    (probe / "results/eval/best_of_n.parquet").write_text("played by the probe")
+    seeds.start_run(tmp_path, 7, "blind-probe")   # started before: nothing copied again
+    assert (probe / "results/eval/best_of_n.parquet").read_text() == "played by the probe"
+
+
+def test_the_plan_needs_each_regime_s_source_run_and_leaves_the_prm_kind_to_the_regimes(tmp_path):
+    config = tmp_path / "learning.yaml"
+    config.write_text("seed: 7\n")
+    with pytest.raises(seeds.BenchmarkError, match=r"^--regimes blind-probe: a blind-probe run starts from the seed's "
+                                                   r"blind run, and seed\(s\) 7, 11 have none under .*: run --regimes "
+                                                   r"blind blind-probe$"):
+        seeds.check_plan(tmp_path, [7, 11], ["blind-probe"], {"--config": str(config)})
+    with pytest.raises(seeds.BenchmarkError, match=r"^--regimes lookahead-probe: .* from the seed's lookahead run"):
+        seeds.check_plan(tmp_path, [7], ["blind", "lookahead-probe"], {"--config": str(config)})
+    seeds.check_plan(tmp_path, [7], ["blind", "blind-probe", "lookahead", "lookahead-probe"], {"--config": str(config)})
+    for part in ("results", ".snakemake"):
+        (seeds.seed_dir(tmp_path, 7, "blind") / part).mkdir(parents=True)
+    seeds.check_plan(tmp_path, [7], ["blind-probe"], {"--config": str(config)})   # the blind run is there
+    config.write_text("prm:\n  kind: probe\n")
+    with pytest.raises(seeds.BenchmarkError, match=r"^--config: .*learning.yaml sets prm.kind probe, but the regimes "
+                                                   r"choose the PRM's kind"):
+        seeds.check_plan(tmp_path, [7], ["blind"], {"--config": str(config)})
+    assert seeds.regimes_in_order(["lookahead-probe", "lookahead", "blind-probe", "blind"]) == [
+        "blind", "blind-probe", "lookahead", "lookahead-probe"]

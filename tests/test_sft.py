@@ -157,7 +157,7 @@ def trained(tmp_path_factory, test_cache_dir, scripted_policy):
     wins = rollouts.win_filter({"win_filter": config["win_filter"]}, str(episodes), str(tmp / "wins.parquet"))
     data = tmp / "sft_data.parquet"
     records.write_records(data, wins + synthetic_rows(per_instance=1), records.INTERACTIONS, {})
-    settings = sft_settings(lr=5e-3, epochs=6, batch_size=8, warmup_ratio=0.0, max_examples=None,
+    settings = sft_settings(lr=5e-3, epochs=8, batch_size=8, warmup_ratio=0.0, max_examples=None,
                             validation_fraction=0.0, extra_data=write_extra_jsonl(tmp / "extra.jsonl"))
     metrics = sft.train_sft(settings, str(data), str(tmp / "adapter"), str(tmp / "metrics.json"), test_cache_dir)
     return {"settings": settings, "metrics": metrics, "adapter": str(tmp / "adapter"), "dir": tmp,
@@ -167,14 +167,14 @@ def trained(tmp_path_factory, test_cache_dir, scripted_policy):
 def test_training_drives_the_loss_down_and_writes_adapter_and_metrics(trained):
     metrics = trained["metrics"]
     assert metrics == json.loads((trained["dir"] / "metrics.json").read_text())
-    assert metrics["status"] == "trained" and metrics["steps"] > 0 and metrics["epochs_run"] == 6
+    assert metrics["status"] == "trained" and metrics["steps"] > 0 and metrics["epochs_run"] == 8
     for path in ("adapter_config.json", "adapter_model.safetensors"):
         assert (trained["dir"] / "adapter" / path).is_file()
     adapter_config = json.loads((trained["dir"] / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["r"] == 16 and adapter_config["lora_alpha"] == 32 and adapter_config["lora_dropout"] == 0.05
     assert adapter_config["base_model_name_or_path"] == "tiny:0"
     history = metrics["history"]
-    assert [row["epoch"] for row in history] == list(range(1, 7))
+    assert [row["epoch"] for row in history] == list(range(1, 9))
     assert history[-1]["train_loss"] < 0.2 * history[0]["train_loss"]
     assert history[-1]["train_token_accuracy"] > 0.9 > history[0]["train_token_accuracy"]
     assert metrics["eval_loss"] is None and metrics["examples"]["validation"] == 0   # validation_fraction 0

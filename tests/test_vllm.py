@@ -159,7 +159,7 @@ def test_grpo_steps_reload_the_adapter_into_the_server(server, test_cache_dir, t
     from clemprm.rl.trainer import train_rl
 
     config = config_for(server, test_cache_dir, games={"builtin": ["oddoneout"]},
-                        rl={"steps": 2, "instances_per_step": 1, "group_size": 4, "max_new_tokens": 8,
+                        rl={"steps": 2, "instances_per_step": 2, "group_size": 4, "max_new_tokens": 8,
                             "loss": "importance_sampling", "lr": 1e-3,
                             "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}})
     os.environ.update(job_environment(config))
@@ -167,8 +167,8 @@ def test_grpo_steps_reload_the_adapter_into_the_server(server, test_cache_dir, t
                        test_cache_dir)
     history = metrics["history"]
     assert [step["step"] for step in history] == [0, 1]
-    # the seeded step 0 has rewards that differ within its group (measured: 2 of 4 oddoneout episodes played to the
-    # end), so it trains; oddoneout's episodes are one or two short answers (guessnumber's took twice as long here)
+    # the seeded step 0 has rewards that differ within a group (two instances drawn by the seed, 4 episodes each:
+    # one instance's group alone may end all its episodes alike), so it trains; oddoneout's episodes are one or two short answers (guessnumber's took twice as long here)
     assert history[0]["trained_turns"] > 0, [(step["reward"], step["trained_turns"]) for step in history]
     names = [step["served_adapter"] for step in history]
     assert all(name.startswith("rl-policy-") for name in names) and names[0] != names[1], names

@@ -1,4 +1,5 @@
-"""The learning benchmark over seeds: one table from each seed's ``prm_eval.json``, blind and lookahead apart.
+"""The learning benchmark over seeds: one table from each seed's ``prm_eval.json``, blind and lookahead apart, each
+with the LoRA PRM and the probe PRM side by side.
 
 A claim of the pipeline holds when it holds on average over the seeds, each seed a different draw of train
 instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.search`):
@@ -10,6 +11,12 @@ instances, labels and episodes. Every figure is in one regime (:mod:`clemprm.sea
 * ``lookahead/...``: the PRM that reads the game's answer, against the same baselines and the rule that reads the
   same answer with no model; ``best_of_n_lookahead`` against ``best_of_n_rule``, ``beam_search`` against
   ``beam_search_rule`` and ``beam_search_logprob``.
+
+A regime's figures are those of the LoRA PRM (``prm.kind: lora``, the default); ``blind-probe/...`` and
+``lookahead-probe/...`` are the same regimes with the probe PRM (``prm.kind: probe``), whose run starts as a copy of
+the LoRA PRM's up to the soft labels (:func:`start_run`): the same held-out states and the same searches' controls.
+``<regime>/ranking/probe-lora/...`` is the probe's figure minus the LoRA PRM's on those states, unpaired
+(:func:`kind_differences`): the summaries carry each scorer's estimate, not its per-instance sums.
 
 Every claim is a paired difference (the PRM minus a baseline within states, a search minus its control), judged
 only on its mean over at least ``MIN_SEEDS`` seeds (fewer: not judged, whatever one seed shows): it holds when the
@@ -26,13 +33,14 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 from clemprm.config import ConfigError, read_config_file
 from clemprm.evaluation.console import SummaryError, read_summary
-from clemprm.modes import PRM_INPUT_REGIMES
+from clemprm.modes import MODES, PRM_INPUT_REGIMES
 from clemprm.stats import OVERALL, mean_over_seeds
 
 MIN_SEEDS = 3   # a claim is judged on the mean over at least this many seeds
@@ -45,6 +53,8 @@ DIFFERENCE_METRICS = ("percent_played", "quality")
 RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
                      "lookahead": ("candidate_length", "policy_logprob", "constant_mean", "rule")}
 REFERENCES = {"blind": ("acceptance",), "lookahead": ()}   # tabulated, not claimed against
+PRM_KINDS = ("lora", "probe")   # prm.kind, the default first: a regime's name carries any other (blind-probe)
+KIND_DIFFERENCE = "probe-lora"   # <regime>/ranking/probe-lora/<metric>: the probe PRM's figure minus the LoRA PRM's
 SEARCH_CONTROLS = {   # regime -> search -> its controls
     "blind": {"best_of_n": ("random_of_n", "best_of_n_logprob")},
     "lookahead": {"best_of_n_lookahead": ("best_of_n_rule",),
@@ -77,6 +87,31 @@ def _estimate(row: dict, key: str) -> dict:
             "level": float(level.rstrip("%")) / 100 if level else UNMARKED_LEVEL}
 
 
+def regime_name(search: str, kind: str) -> str:
+    """A run's name in the table and under WORKDIR/seed-<seed>/: its search regime (blind, lookahead), followed by its
+    PRM's kind where that is not the default (``blind-probe``)."""
+    return search if kind == PRM_KINDS[0] else f"{search}-{kind}"
+
+
+def split_regime(name: str) -> tuple[str, str]:
+    """The search regime and the PRM kind of a run's name (:func:`regime_name`)."""
+    search, _, kind = name.partition("-")
+    return search, kind or PRM_KINDS[0]
+
+
+def prm_kind(prm_metrics: dict | None) -> str:
+    """The kind of the PRM whose stage wrote ``prm_metrics`` (results/prm/metrics.json: its config's ``prm.kind``);
+    the LoRA PRM without them or for a stage from before the kinds."""
+    return (((prm_metrics or {}).get("config") or {}).get("prm") or {}).get("kind", PRM_KINDS[0])
+
+
+def verdict_auroc(prm_metrics: dict | None) -> float | None:
+    """The AUROC of the PRM's predictions for the game's verdicts on its held-out siblings (``verdicts`` in
+    results/prm/metrics.json, :func:`clemprm.stages.prm_metrics.verdict_metrics`): the same figure for either kind;
+    None where the metrics lack it or the game gave one verdict only."""
+    return ((prm_metrics or {}).get("verdicts") or {}).get("auroc")
+
+
 def prm_regime(summary: dict) -> str | None:
     """The regime of a summary's PRM: blind for one that read the candidate alone, lookahead for one that read the
     game's reply (a PRM from before ``prm.input`` existed read it); None without a PRM."""
@@ -86,21 +121,26 @@ def prm_regime(summary: dict) -> str | None:
     return PRM_INPUT_REGIMES.get(prm.get("input"), "lookahead")
 
 
-def seed_row(summary: dict) -> dict[str, float | str]:
-    """The benchmark's figures of one run's summary, flat, each key led by its regime:
+def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float | str]:
+    """The benchmark's figures of one run's summary, flat, each key led by its regime (:func:`regime_name`: the
+    search regime, and the PRM's kind read from ``prm_metrics``, its stage's metrics.json):
     ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/ranking/prm-<scorer>/<metric>`` and
-    ``<regime>/difference/<search>-<control>/<metric>`` (each difference with its paired interval as text under the
-    same key + ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``), ``<regime>/gate``. A
-    run holds one PRM, so one regime's ranking; its modes may hold either regime's searches (each mode's own mark
-    decides)."""
+    ``<regime>/difference/<search>-<control>/<metric>`` (each figure with its interval as text under the same key +
+    ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``; a difference's is paired),
+    ``<regime>/gate`` and ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it). A run holds
+    one PRM, so one regime's ranking; its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
-    regime = prm_regime(summary)
-    if regime is not None:
+    kind = prm_kind(prm_metrics)
+    if prm_regime(summary) is not None:
+        regime = regime_name(prm_regime(summary), kind)
         prm = summary["prm"]
         ranking = prm.get("ranking") or {}
         for scorer, groups in (ranking.get("scorers") or {}).items():
             for metric in RANKING_METRICS:
-                row[f"{regime}/ranking/{scorer}/{metric}"] = _value((groups.get(OVERALL) or {}).get(metric))
+                estimate = (groups.get(OVERALL) or {}).get(metric)
+                row[f"{regime}/ranking/{scorer}/{metric}"] = _value(estimate)
+                if interval := _interval(estimate, ranking.get("ci")):   # prm.ci
+                    row[f"{regime}/ranking/{scorer}/{metric}/ci"] = interval
         for scorer, groups in (ranking.get("differences") or {}).items():
             for metric in RANKING_METRICS:
                 difference = (groups.get(OVERALL) or {}).get(metric)
@@ -108,6 +148,8 @@ def seed_row(summary: dict) -> dict[str, float | str]:
                 if interval := _interval(difference, ranking.get("ci")):   # prm.ci
                     row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
+        if (auroc := verdict_auroc(prm_metrics)) is not None:
+            row[f"{regime}/verdict_auroc"] = auroc
     differences = summary.get("differences") or {}
     modes = summary.get("modes") or {}
     for mode_regime, searches in SEARCH_CONTROLS.items():
@@ -117,18 +159,41 @@ def seed_row(summary: dict) -> dict[str, float | str]:
             for control in controls:
                 overall = ((differences.get(control) or {}).get(search) or {}).get(OVERALL) or {}
                 for metric in DIFFERENCE_METRICS:
-                    key = f"{mode_regime}/difference/{search}-{control}/{metric}"
+                    key = f"{regime_name(mode_regime, kind)}/difference/{search}-{control}/{metric}"
                     row[key] = _value(overall.get(metric))
                     if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
                         row[f"{key}/ci"] = interval
     return row
 
 
+def kind_differences(row: dict) -> dict[str, float | str]:
+    """The probe PRM's ranking figures minus the LoRA PRM's, per search regime where a seed's row holds both
+    (``<regime>/ranking/probe-lora/<metric>``): the same held-out states (the probe's run starts from the LoRA PRM's
+    soft labels), but unpaired, since a summary carries each scorer's estimate and not its per-instance sums. Its
+    interval is the difference of the two intervals (the probe's low minus the LoRA's high, the probe's high minus
+    the LoRA's low), at their level: it holds whatever the two errors' correlation, and is wider than a paired
+    interval would be. Without an interval where the two were made at different levels."""
+    differences: dict[str, float | str] = {}
+    for search in RANKING_BASELINES:
+        for metric in RANKING_METRICS:
+            lora, probe = (_estimate(row, f"{regime_name(search, kind)}/ranking/prm/{metric}") for kind in PRM_KINDS)
+            if lora["value"] is None or probe["value"] is None:
+                continue
+            key = f"{search}/ranking/{KIND_DIFFERENCE}/{metric}"
+            differences[key] = probe["value"] - lora["value"]
+            if probe["level"] == lora["level"]:
+                differences[f"{key}/ci"] = _interval({"ci_low": probe["ci_low"] - lora["ci_high"],
+                                                      "ci_high": probe["ci_high"] - lora["ci_low"]}, lora["level"])
+    return differences
+
+
 def seeds_table(rows: dict[int, dict]) -> dict:
     """Per seed the figures of :func:`seed_row` (``rows``: seed -> row; a row may carry text such as the gate, an
-    interval or the commit that ran it); their mean and standard deviation over the seeds, only where every seed has
-    the figure (``incomplete`` lists the others); and the claims of :func:`claims`."""
-    rows = dict(sorted(rows.items()))
+    interval or the commit that ran it) with :func:`kind_differences` made anew from them; their mean and standard
+    deviation over the seeds, only where every seed has the figure (``incomplete`` lists the others); and the
+    claims of :func:`claims`."""
+    rows = {seed: {**{key: value for key, value in row.items() if f"/ranking/{KIND_DIFFERENCE}/" not in key},
+                   **kind_differences(row)} for seed, row in sorted(rows.items())}
     keys = sorted({key for row in rows.values() for key, value in row.items() if not isinstance(value, str)})
     mean, sd, incomplete = {}, {}, []
     for key in keys:
@@ -157,21 +222,26 @@ def join_row(joined: dict, run_here: dict) -> dict:
 
 
 def claim_differences() -> dict[str, tuple[str, int]]:
-    """The benchmark's claims, per regime: claim -> (the paired difference it rests on, the sign it needs)."""
+    """The benchmark's claims, per search regime and PRM kind, then the probe against the LoRA PRM in that regime:
+    claim -> (the difference it rests on, the sign it needs)."""
     result = {}
-    for regime, baselines in RANKING_BASELINES.items():
-        for baseline in baselines + REFERENCES[regime]:
-            reference = " (reference)" if baseline in REFERENCES[regime] else ""
-            result[f"{regime}: prm ranks siblings better than {baseline}{reference} (pairwise accuracy)"] = (
-                f"{regime}/ranking/prm-{baseline}/pairwise_accuracy", +1)
-            result[f"{regime}: prm picks better than {baseline}{reference} (top-1 regret)"] = (
-                f"{regime}/ranking/prm-{baseline}/top1_regret", -1)
-    for regime, searches in SEARCH_CONTROLS.items():
-        for search, controls in searches.items():
-            for control in controls:
-                for metric in DIFFERENCE_METRICS:
-                    result[f"{regime}: {search} beats {control} on {metric}"] = (
-                        f"{regime}/difference/{search}-{control}/{metric}", +1)
+    for search, baselines in RANKING_BASELINES.items():
+        for regime in (regime_name(search, kind) for kind in PRM_KINDS):
+            for baseline in baselines + REFERENCES[search]:
+                reference = " (reference)" if baseline in REFERENCES[search] else ""
+                result[f"{regime}: prm ranks siblings better than {baseline}{reference} (pairwise accuracy)"] = (
+                    f"{regime}/ranking/prm-{baseline}/pairwise_accuracy", +1)
+                result[f"{regime}: prm picks better than {baseline}{reference} (top-1 regret)"] = (
+                    f"{regime}/ranking/prm-{baseline}/top1_regret", -1)
+            for mode, controls in SEARCH_CONTROLS[search].items():
+                for control in controls:
+                    for metric in DIFFERENCE_METRICS:
+                        result[f"{regime}: {mode} beats {control} on {metric}"] = (
+                            f"{regime}/difference/{mode}-{control}/{metric}", +1)
+        key = f"{search}/ranking/{KIND_DIFFERENCE}"
+        result[f"{search}: probe ranks siblings better than lora (pairwise accuracy, unpaired)"] = (
+            f"{key}/pairwise_accuracy", +1)
+        result[f"{search}: probe picks better than lora (top-1 regret, unpaired)"] = (f"{key}/top1_regret", -1)
     return result
 
 
@@ -189,12 +259,23 @@ def claims(rows: dict[int, dict]) -> dict[str, dict]:
     return result
 
 
+def _table_order(key: str) -> tuple:
+    """Blind figures first, then lookahead, then keys of no regime; within a search regime each figure of the LoRA
+    PRM's run beside the same figure of the probe's."""
+    regime, _, figure = key.partition("/")
+    search, kind = split_regime(regime)
+    if search not in RANKING_BASELINES or kind not in PRM_KINDS:
+        return len(RANKING_BASELINES), key, 0
+    return list(RANKING_BASELINES).index(search), figure, PRM_KINDS.index(kind)
+
+
 def markdown(table: dict) -> str:
-    """The table as Markdown: one column per seed (a difference with its paired interval), then the mean and the
-    standard deviation over the seeds; blind figures first, then lookahead; then the claims."""
+    """The table as Markdown: one column per seed (a figure with its interval), then the mean and the standard
+    deviation over the seeds; blind figures first, then lookahead, each kind of PRM beside the other
+    (:func:`_table_order`); then the claims."""
     seeds = list(table["seeds"])
     keys = sorted({key for row in table["seeds"].values() for key in row if not key.endswith("/ci")},
-                  key=lambda key: (not key.startswith("blind/"), key))
+                  key=_table_order)
 
     def show(value) -> str:
         return value if isinstance(value, str) else "n/a" if value is None or math.isnan(value) else f"{value:.3f}"
@@ -231,7 +312,13 @@ class BenchmarkError(ValueError):
     """An argument of scripts/learning_benchmark.py that cannot be used (the message names it and what to do)."""
 
 
-REGIMES = ("blind", "lookahead")   # the order the regimes run in: a lookahead run starts from its blind run
+# the order the regimes run in, each after the regime its run starts from (SOURCES)
+REGIMES = ("blind", "blind-probe", "lookahead", "lookahead-probe")
+# regime -> the regime whose run it starts as a copy of (start_run): lookahead shares the blind run's soft labels, a
+# probe PRM's run the soft labels and the searches' controls of the LoRA PRM's run in its search regime
+SOURCES = {"blind-probe": "blind", "lookahead": "blind", "lookahead-probe": "lookahead"}
+REMADE = ("prm", "prm_eval.json", "report")   # what a started run never takes from its source's results/
+PER_MODE = ("eval", "clembench", "logs/eval", "benchmarks/eval")   # results/ folders of one entry per mode
 
 
 def seed_dir(workdir: Path, seed: int, regime: str) -> Path:
@@ -240,28 +327,68 @@ def seed_dir(workdir: Path, seed: int, regime: str) -> Path:
 
 
 def regimes_in_order(regimes: list[str]) -> list[str]:
-    """``--regimes`` in the order they run, whatever order they were given in (blind first)."""
+    """``--regimes`` in the order they run, whatever order they were given in (:data:`REGIMES`)."""
     return [regime for regime in REGIMES if regime in regimes]
+
+
+def regime_override(regime: str) -> dict:
+    """What a regime sets on top of the benchmark's config files: the probe PRM for a probe regime."""
+    kind = split_regime(regime)[1]
+    return {} if kind == PRM_KINDS[0] else {"prm": {"kind": kind}}
+
+
+def start_run(workdir: Path, seed: int, regime: str) -> None:
+    """A seed's run of a regime of :data:`SOURCES` as a copy of its source run (once): Snakemake's metadata and every
+    file of results/ with its mtime, so that nothing upstream reruns, less the PRM, the summary and the report
+    (:data:`REMADE`), the logs and times of the stages up to the soft labels (they stay the source's), and in the
+    folders per mode (:data:`PER_MODE`) every mode but those that read no PRM when the run plays the source's modes
+    (the same search regime): a probe PRM's run keeps the LoRA PRM's controls, their very episodes."""
+    run = seed_dir(workdir, seed, regime)
+    if run.exists() or regime not in SOURCES:
+        return
+    source = seed_dir(workdir, seed, SOURCES[regime])
+    same_modes = split_regime(regime)[0] == split_regime(SOURCES[regime])[0]
+    kept = {name for name, mode in MODES.items() if mode.scorer != "prm"} if same_modes else set()
+    results = source / "results"
+
+    def ignored(folder: str, names: list[str]) -> list[str]:
+        where = Path(folder).relative_to(results).as_posix()
+        if where == ".":
+            return [name for name in names if name in REMADE]
+        if where in ("logs", "benchmarks"):
+            return [name for name in names if name != "eval"]
+        return [name for name in names if name.split(".")[0] not in kept] if where in PER_MODE else []
+
+    shutil.copytree(source / ".snakemake" / "metadata", run / ".snakemake" / "metadata")
+    shutil.copytree(results, run / "results", ignore=ignored)   # copy2 keeps each file's mtime
 
 
 def check_plan(workdir: Path, seed_list: list[int], regimes: list[str], configs: dict[str, str]) -> None:
     """Before any seed runs (a benchmark of hours fails now, not at its last seed): each config file
-    (``configs``: option -> file) reads as a config file (:func:`clemprm.config.read_config_file`), and where the
-    lookahead regime runs without the blind one, each seed's blind run is there to start from (its results and
-    Snakemake's metadata) or its lookahead run was started before. :class:`BenchmarkError` naming the option."""
+    (``configs``: option -> file) reads as a config file (:func:`clemprm.config.read_config_file`) and leaves the
+    PRM's kind to the regimes; and where a regime of :data:`SOURCES` runs without its source, each seed's source run
+    is there to start from (its results and Snakemake's metadata) or its own run was started before.
+    :class:`BenchmarkError` naming the option."""
     for option, path in configs.items():
         try:
-            read_config_file(path)
+            config = read_config_file(path)
         except ConfigError as error:
             raise BenchmarkError(f"{option}: {error}") from error
-    if "lookahead" not in regimes or "blind" in regimes:
-        return
-    lacking = [seed for seed in seed_list if not seed_dir(workdir, seed, "lookahead").exists()
-               and not all((seed_dir(workdir, seed, "blind") / part).is_dir() for part in ("results", ".snakemake"))]
-    if lacking:
-        raise BenchmarkError(f"--regimes lookahead: a lookahead run starts from the seed's blind run, and seed(s) "
-                             f"{', '.join(map(str, lacking))} have none under {workdir} (e.g. "
-                             f"{seed_dir(workdir, lacking[0], 'blind')}): run --regimes blind lookahead")
+        kind = prm_kind({"config": config})
+        if kind != PRM_KINDS[0]:
+            raise BenchmarkError(f"{option}: {path} sets prm.kind {kind}, but the regimes choose the PRM's kind "
+                                 f"({', '.join(REGIMES)}: a regime named -probe runs the probe PRM): leave prm.kind "
+                                 f"out of {path}, and run --regimes with the probe regimes")
+    for regime in regimes:
+        source = SOURCES.get(regime)
+        if source is None or source in regimes:
+            continue
+        lacking = [seed for seed in seed_list if not seed_dir(workdir, seed, regime).exists() and not all(
+            (seed_dir(workdir, seed, source) / part).is_dir() for part in ("results", ".snakemake"))]
+        if lacking:
+            raise BenchmarkError(f"--regimes {regime}: a {regime} run starts from the seed's {source} run, and "
+                                 f"seed(s) {', '.join(map(str, lacking))} have none under {workdir} (e.g. "
+                                 f"{seed_dir(workdir, lacking[0], source)}): run --regimes {source} {regime}")
 
 
 def read_added(paths: list[str]) -> dict[int, dict]:
@@ -289,10 +416,11 @@ def read_added(paths: list[str]) -> dict[int, dict]:
 def measured_rows(workdir: Path, seed_list: list[int], regimes: list[str],
                   added: dict[int, dict]) -> tuple[dict[int, dict], list[str]]:
     """The table's rows: ``added`` (:func:`read_added`) joined with each seed's runs under ``workdir`` in
-    ``regimes`` (:func:`seed_row` of its prm_eval.json, and the commit that made it); and a warning for each run
-    whose summary is missing and that no added row stands for (its figures are n/a in the table).
-    :class:`BenchmarkError` for a summary that is not a prm_eval.json, and when nothing at all was measured: a table
-    of n/a says nothing."""
+    ``regimes`` (:func:`seed_row` of its prm_eval.json and its PRM's metrics.json, and the commit that made it); and a
+    warning for each run whose summary is missing and that no added row stands for (its figures are n/a in the
+    table). :class:`BenchmarkError` for a summary that is not a prm_eval.json, one whose PRM is not its folder's
+    regime (a probe PRM's run under blind/ would overwrite the LoRA PRM's figures), and when nothing at all was
+    measured: a table of n/a says nothing."""
     rows, warnings = dict(added), []
     for seed in seed_list:
         row = {}
@@ -307,8 +435,14 @@ def measured_rows(workdir: Path, seed_list: list[int], regimes: list[str],
                 summary = read_summary(path)
             except SummaryError as error:
                 raise BenchmarkError(f"seed {seed}, {regime}: {error}") from error
+            prm_metrics = _prm_metrics(path.parent / "prm" / "metrics.json", seed, regime)
+            made = prm_regime(summary) and regime_name(prm_regime(summary), prm_kind(prm_metrics))
+            if made not in (None, regime):
+                raise BenchmarkError(f"seed {seed}, {regime}: {path} is of a {made} run (its PRM's input and kind), "
+                                     f"not of the {regime} regime its folder is: move it to "
+                                     f"{seed_dir(workdir, seed, made)}, or rerun the seed")
             ran_on = path.parent.parent / "commit.txt"
-            row.update(seed_row(summary))
+            row.update(seed_row(summary, prm_metrics))
             row[f"{regime}/commit"] = ran_on.read_text().strip() if ran_on.is_file() else "unknown"
         if row:
             rows[seed] = join_row(rows.get(seed, {}), row)
@@ -318,3 +452,14 @@ def measured_rows(workdir: Path, seed_list: list[int], regimes: list[str],
                              f"prm_eval.json) and --add gave no table: run the seeds (without --table-only), or give "
                              f"--workdir the folder that holds them")
     return rows, warnings
+
+
+def _prm_metrics(path: Path, seed: int, regime: str) -> dict | None:
+    """A run's results/prm/metrics.json beside its summary (None where there is none: a run of no PRM)."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as error:
+        raise BenchmarkError(f"seed {seed}, {regime}: {path} is not JSON ({error}): rerun the seed's prm_adapter "
+                             f"stage") from error

@@ -15,7 +15,7 @@ by a loop) and applied by matmuls, every tensor is laid out chunk-major from the
 contiguous block per chunk, with fused 3-d matmuls and no concatenated copies), and chunks are shorter (32 tokens, 16
 for many rows of small heads), which cuts the elementwise work per token. It matches the reference to ~1e-6
 (tests/test_gated_delta.py) and made the tiny test model's batched prefill about 1.6x faster
-(scripts/bench_engine.py). :func:`install` routes CPU calls of the Qwen modules to it; CUDA calls and packed
+(clemprm.bench.engine). :func:`install` routes CPU calls of the Qwen modules to it; CUDA calls and packed
 sequences keep transformers' path (flash-linear-attention when installed).
 
 :func:`continuing_with_leading_pads` lets one forward pass continue cached rows with new tokens of different

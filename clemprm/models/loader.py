@@ -218,7 +218,7 @@ def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed blocks of up to 32 MB in the heap for reuse. By default a freed block of
     more than 128 KB (the dynamic threshold stays low under CPU inference's alloc/free pattern) goes back to
     the OS, so every large temporary tensor of a CPU forward pass is page-faulted in again: ~40k minor faults
-    per run of scripts/bench_engine.py's engine, ~14% of its time. PyTorch's tuning guide suggests
+    per run of clemprm.bench.engine's engine, ~14% of its time. PyTorch's tuning guide suggests
     jemalloc/tcmalloc for this; mallopt does it without a preloaded library. False where there is no glibc."""
     import ctypes
     import ctypes.util

@@ -184,15 +184,6 @@ class ProbeHead:
 
 
 def read_probe_config(adapter_dir: str) -> dict:
-    """The probe folder's config; a folder without one is an error that says what to do."""
-    path = Path(adapter_dir) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{adapter_dir} has no {CONFIG_NAME}: it is no probe PRM, but prm.kind is probe; rerun "
-                                f"the prm_adapter rule with prm.kind: probe (or set prm.kind: lora)")
-    return json.loads(path.read_text())
-
-
-def read_probe_config(adapter_dir: str) -> dict:
     """The probe folder's config, its policy checked: the SFT adapter it was fitted on is there, unchanged (its
     SHA-256: a probe reads one policy's states). A folder without a config, or a changed policy, is an error that says
     what to do."""

@@ -222,7 +222,7 @@ class VLLMDecoder:
     def __init__(self, server: VLLMServer, model_name: str, *, eos_token_ids: list[int], concurrency: int):
         self.server, self.model_name = server, model_name
         self.eos_token_ids, self.concurrency = list(eos_token_ids), concurrency
-        self.request_extras: dict = {}   # more request fields (scripts/bench_vllm.py: ignore_eos for fixed lengths)
+        self.request_extras: dict = {}   # more request fields (clemprm.bench.vllm: ignore_eos for fixed lengths)
 
     def forget_conversations(self) -> None:
         """Nothing to forget: the server's prefix cache keys on tokens (and the adapter's name)."""

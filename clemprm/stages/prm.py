@@ -62,7 +62,8 @@ from clemprm.play.engine import rule_score
 from clemprm.checks.run_time import StageFailure, fail_or_warn, marks_metadata
 from clemprm.stages import probe
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
-                                        quality_gate, rank_metrics, ranking_metrics, states_with_siblings)
+                                        quality_gate, rank_metrics, ranking_metrics, states_with_siblings,
+                                        verdict_metrics)
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
@@ -417,7 +418,8 @@ def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, r
     side (the held-out set when there is one, else the validation slice) also the candidate-aware baselines (the
     candidate's length in characters, the policy's mean token log-probability of it, ``policy_logprobs`` by row;
     each times its train-side :func:`orientation`), the fork's readings (:data:`FORK_READERS`: whether the game
-    accepted the candidate, and the lookahead rule) and every scorer's within-prefix ranking
+    accepted the candidate, and the lookahead rule), the PRM's AUROC for the game's verdicts on that side
+    (:func:`verdict_metrics`) and every scorer's within-prefix ranking
     (:func:`ranking_metrics`, with each baseline's paired difference to the PRM; ``constant_mean`` ties all
     siblings: the expected pick of a random choice). Predictions that are not finite (a diverged PRM) stop the
     evaluation there: ``nonfinite_predictions`` counts them per side, for the gate."""
@@ -449,7 +451,8 @@ def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, r
                **candidate_scores, **fork_scores}
     ranking = {"side": ranked, "orientation": orientations,
                **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
-    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking}
+    verdicts = {"side": ranked, **verdict_metrics(predictions[ranked], fork_scores["acceptance"])}
+    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "verdicts": verdicts}
 
 
 def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list[dict], examples: list[Example],

@@ -123,6 +123,13 @@ def sibling_statistics(scores: list[float], labels: list[float],
     return concordant, pairs, max(labels) - sum(label * weight for label, weight in picked) / sum(w for _, w in picked)
 
 
+def verdict_metrics(predictions: list[float], accepted: list[float]) -> dict:
+    """How well a PRM's predictions tell the candidates the game accepted (1) from those it counted a rule violation
+    (0): their number and the AUROC (null where the game gave one verdict only). On the held-out siblings it is the
+    same figure for a PRM of either kind, whatever it trained on."""
+    return {"n": len(accepted), "accepted": int(sum(accepted)), "auroc": stats.auroc(predictions, accepted)}
+
+
 def states_with_siblings(examples: list) -> list[list[int]]:
     """The indices of the examples of each state with two or more siblings."""
     return [indices for indices in indices_by_state(examples) if len(indices) > 1]

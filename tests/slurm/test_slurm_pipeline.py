@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2 * RUN_LIMIT_S + 600)]
 # best_of_n's eval (the SFT policy searching with the PRM, in 2 processes). One output of each of those jobs is removed
 # (Snakemake removes a job's other outputs before it runs); the jobs before them are up to date.
 SLURM_TARGETS = ("results/prm/metrics.json", "results/eval/best_of_n.parquet")
-SLURM_RULES = {"soft_labels": 2, "gather_soft_labels": 1, "prm_adapter": 1, "eval_mode": 1}
+SLURM_RULES = {"soft_labels": 2, "gather_soft_labels": 1, "gather_answers": 1, "prm_adapter": 1, "eval_mode": 1}
 SLURM_REMOVED = ("results/labels/shards/0-of-2.parquet", "results/labels/shards/1-of-2.parquet",
                  "results/labels/soft_labels.parquet", *SLURM_TARGETS)
 JOB = re.compile(r"^(?:local)?rule (\w+):", flags=re.MULTILINE)   # a job's block in a dry run

@@ -1,9 +1,9 @@
-"""Benchmark PRM scoring three ways: one pair at a time, batched, and batched with shared prefixes (same model).
+"""PRM scoring three ways: one pair at a time, batched, and batched with shared prefixes (same model); training.
 
 Two workloads, each scored (a) one pair per call, (b) all at once in length-sorted micro-batches under a token
 budget, every pair in full (``share_prefixes=False``), (c) all at once with the token prefix common to a prefix's
-candidates computed once (the default). Prints pairs/s and tokens/s (interleaved runs, the best of ``--repeats``),
-the ratios c/a and b/a, and the largest score difference of b and c from a (neither may change a score).
+candidates computed once (the default). Reports pairs/s and tokens/s (interleaved runs, ``--repeat`` of each),
+the ratios c/a and b/a per repeat, and the largest score difference of b and c from a (neither may change a score).
 
 ``best-of-N``: ``--prefixes`` prefixes with ``--candidates`` candidates of different lengths each, as best-of-N and
 beam search score them. ``mixed``: pairs with prefixes of their own (nothing to share), as the PRM's training and
@@ -23,24 +23,23 @@ the stage makes them with ``prm.pairwise_weight`` > 0: forward and backward of t
 against the siblings on their shared prefix (:func:`clemprm.models.scoring.logits_sharing_prefixes`), interleaved,
 on a fresh LoRA of config.yaml's ``prm.lora`` (dropout off, so both compute the same loss).
 
-    python scripts/bench_prm.py
-    python scripts/bench_prm.py --smollm2
-    python scripts/bench_prm.py --training runs/learning/seed-11/results/labels/soft_labels.parquet --batches 6
+    python -m clemprm.bench prm
+    python -m clemprm.bench prm --smollm2
+    python -m clemprm.bench prm --training runs/learning/seed-11/results/labels/soft_labels.parquet --batches 6
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from clemprm.bench import Figures
+from clemprm.models.loader import ModelConfig
+from clemprm.models.prm import PRMScorer, encode_pair
+from clemprm.search import Pair
 
-from clemprm.models.loader import ModelConfig  # noqa: E402
-from clemprm.models.prm import PRMScorer, encode_pair  # noqa: E402
-from clemprm.search import Pair  # noqa: E402
+REPEATS_ITSELF = True
 
 FEEDBACK = ["Your guess is too low. The number is higher.", "Your guess is too high. The number is lower.",
             "That is not a valid answer. Please answer with GUESS: and a number.", "Wrong word. Try again."]
@@ -84,49 +83,48 @@ def timed(fn, pairs) -> tuple[float, list[float]]:
     return time.perf_counter() - start, scores
 
 
-def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats: int) -> None:
-    """The three ways on ``pairs``, interleaved, the best of ``repeats`` runs each."""
+def bench_workload(name: str, pairs, shared: PRMScorer, full: PRMScorer, repeats: int, figures: Figures) -> None:
+    """The three ways on ``pairs``, interleaved, ``repeats`` runs each."""
     lengths = [len(encode_pair(full.tokenizer, pair.perspective, pair.candidate, pair.reply,
                                full.cfg.chat_template_kwargs, full.max_length)[0]) for pair in pairs]
     tokens = sum(lengths)
     ways = {"(a) one pair at a time": lambda ps: [full.score([pair])[0] for pair in ps],
             "(b) batched, length-sorted": full.score,
             "(c) batched, shared prefixes": shared.score}
-    runs = {way: [] for way in ways}
+    scores = {}
     before = shared.stats.shared_tokens
+    row = f"{shared.cfg.short_name} {name}"
     for _ in range(repeats):
         for way, fn in ways.items():
-            runs[way].append(timed(fn, pairs))
+            seconds, scores[way] = timed(fn, pairs)
+            figures.add(f"{row} {way}", len(pairs) / seconds, "pairs/s")
     skipped = (shared.stats.shared_tokens - before) / repeats
-    print(f"\n-- {name}: {len(pairs)} pairs of {min(lengths)}-{max(lengths)} tokens (mean "
-          f"{statistics.mean(lengths):.0f}); shared prefixes skip {skipped:.0f} of {tokens} tokens "
-          f"({skipped / tokens:.0%})")
-    print(f"{'way':<30} | {'pairs/s':>8} {'tokens/s':>9} {'vs (a)':>7} {'max |score - (a)|':>18}")
-    one_by_one = runs["(a) one pair at a time"]
-    baseline = min(t for t, _ in one_by_one)
-    for way, way_runs in runs.items():
-        best = min(t for t, _ in way_runs)
-        difference = max(abs(x - y) for x, y in zip(way_runs[0][1], one_by_one[0][1]))
-        print(f"{way:<30} | {len(pairs) / best:8.1f} {tokens / best:9.0f} {baseline / best:6.2f}x {difference:18.2e}")
+    figures.note(f"{row}: {len(pairs)} pairs of {min(lengths)}-{max(lengths)} tokens (mean "
+                 f"{statistics.mean(lengths):.0f}, {tokens} in all); shared prefixes skip {skipped:.0f} tokens "
+                 f"({skipped / tokens:.0%}); tokens/s = pairs/s x {tokens / len(pairs):.1f}")
+    for way in list(ways)[1:]:
+        figures.ratio(f"{row} {way[:3]} vs (a)", f"{row} {way}", f"{row} (a) one pair at a time")
+        difference = max(abs(x - y) for x, y in zip(scores[way], scores["(a) one pair at a time"]))
+        figures.note(f"{row} {way[:3]}: max |score - (a)| {difference:.2e}")
 
 
-def bench_model(shared: PRMScorer, args, n_prefixes: int, n_mixed: int) -> None:
+def bench_model(shared: PRMScorer, args, n_prefixes: int, n_mixed: int, figures: Figures) -> None:
     import torch
 
     full = PRMScorer(shared.cfg, input=shared.input, max_length=shared.max_length,
                      token_budget=shared.token_budget, tokenizer=shared.tokenizer, model=shared.model,
                      share_prefixes=False)
-    print(f"\n== {shared.cfg.short_name}: {sum(p.numel() for p in shared.model.parameters()) / 1e6:.1f}M params, "
-          f"{torch.get_num_threads()} threads, token budget {shared.token_budget}, best of {args.repeats} "
-          f"interleaved runs; prefix sharing {'on' if shared.share_prefixes else 'unsupported: (c) = (b)'}")
+    figures.note(f"{shared.cfg.short_name}: {sum(p.numel() for p in shared.model.parameters()) / 1e6:.1f}M params, "
+                 f"{torch.get_num_threads()} threads, token budget {shared.token_budget}, {args.repeat} "
+                 f"interleaved runs; prefix sharing {'on' if shared.share_prefixes else 'unsupported: (c) = (b)'}")
     best_of_n = make_best_of_n(n_prefixes, args.candidates, args.max_exchanges)
     shared.score(best_of_n[:8])            # warm up (first calls allocate, load kernels)
     full.score(best_of_n[:8])
-    bench_workload(f"best-of-{args.candidates}", best_of_n, shared, full, args.repeats)
-    bench_workload("mixed", make_pairs(n_mixed, args.max_exchanges), shared, full, args.repeats)
+    bench_workload(f"best-of-{args.candidates}", best_of_n, shared, full, args.repeat, figures)
+    bench_workload("mixed", make_pairs(n_mixed, args.max_exchanges), shared, full, args.repeat, figures)
 
 
-def bench_training(args) -> None:
+def bench_training(args, figures: Figures) -> None:
     """Seconds per training micro-batch (forward + backward), every pair in full vs siblings on a shared prefix."""
     import torch
     from peft import get_peft_model
@@ -146,8 +144,8 @@ def bench_training(args) -> None:
     states = [group for group in prm.sibling_groups(examples) if len(group) > 1]
     batches = [states[i:i + settings["batch_size"]] for i in range(0, len(states), settings["batch_size"])]
     batches = random.Random(0).sample(batches, min(args.batches, len(batches)))
-    print(f"{cfg.short_name} training step, {torch.get_num_threads()} threads: {len(examples)} pairs in {len(states)} "
-          f"states with siblings; {len(batches)} micro-batches of {settings['batch_size']} states")
+    figures.note(f"{cfg.short_name} training step, {torch.get_num_threads()} threads: {len(examples)} pairs in "
+                 f"{len(states)} states with siblings; {len(batches)} micro-batches of {settings['batch_size']} states")
 
     def step(batch, shared: bool) -> tuple[float, float]:
         pairs = [example for state in batch for example in state]
@@ -162,21 +160,23 @@ def bench_training(args) -> None:
         return time.perf_counter() - start, loss.item()
 
     step(batches[0], True)   # warm up
-    seconds, tokens, gap = {"full": [], "shared": []}, 0, 0.0
-    for batch in batches:
-        tokens += sum(len(e.input_ids) for state in batch for e in state)
-        (full_s, full_loss), (shared_s, shared_loss) = step(batch, False), step(batch, True)
-        seconds["full"].append(full_s)
-        seconds["shared"].append(shared_s)
-        gap = max(gap, abs(full_loss - shared_loss))
-    full, shared = sum(seconds["full"]), sum(seconds["shared"])
-    print(f"{'every pair in full':<28} {full / len(batches):6.2f} s/micro-batch {tokens / full:7.0f} tokens/s")
-    print(f"{'siblings on a shared prefix':<28} {shared / len(batches):6.2f} s/micro-batch {tokens / shared:7.0f} "
-          f"tokens/s   {full / shared:.2f}x; largest loss difference {gap:.1e}")
+    tokens = sum(len(e.input_ids) for batch in batches for state in batch for e in state)
+    gap = 0.0
+    for _ in range(args.repeat):
+        seconds = {"full": 0.0, "shared": 0.0}
+        for batch in batches:
+            (full_s, full_loss), (shared_s, shared_loss) = step(batch, False), step(batch, True)
+            seconds["full"] += full_s
+            seconds["shared"] += shared_s
+            gap = max(gap, abs(full_loss - shared_loss))
+        figures.add("every pair in full", seconds["full"] / len(batches), "s/micro-batch")
+        figures.add("siblings on a shared prefix", seconds["shared"] / len(batches), "s/micro-batch")
+    figures.ratio("full / shared", "every pair in full", "siblings on a shared prefix")
+    figures.note(f"{tokens} tokens per repeat (tokens/s = tokens / (s/micro-batch x {len(batches)})); largest loss "
+                 f"difference {gap:.1e}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--prefixes", type=int, default=64, help="best-of-N prefixes (tiny model)")
     parser.add_argument("--candidates", type=int, default=4, help="candidates per best-of-N prefix")
     parser.add_argument("--pairs", type=int, default=256, help="mixed pairs (tiny model)")
@@ -191,23 +191,22 @@ def main() -> None:
     parser.add_argument("--token-budget", type=int, default=2048,
                         help="padded tokens per forward pass (prm.score_batch_tokens)")
     parser.add_argument("--max-length", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--training", default=None, metavar="SOFT_LABELS",
                         help="time the PRM's training step on this soft-labels file instead of scoring")
     parser.add_argument("--training-model", default="embedded:smollm2-135m-instruct")
     parser.add_argument("--batches", type=int, default=6, help="training micro-batches timed (--training)")
-    args = parser.parse_args()
+    parser.set_defaults(repeat=2)
+
+
+def run(args) -> Figures:
+    figures = Figures("prm")
     if args.training:
-        print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        bench_training(args)
-        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        return
+        bench_training(args, figures)
+        return figures
     runs = [("tiny:0", args.prefixes, args.pairs)]
     if args.smollm2:
         runs.append(("embedded:smollm2-135m-instruct", args.smollm2_prefixes, args.smollm2_pairs))
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"(the machine has {os.cpu_count()} cores; other processes distort absolute figures, less so ratios)")
     for i, (spec, n_prefixes, n_mixed) in enumerate(runs):
         start = time.perf_counter()
         cfg = ModelConfig(spec=spec, threads=args.threads, cache_dir=args.cache_dir,
@@ -215,10 +214,6 @@ def main() -> None:
         # the workload of a lookahead search: each pair with the game's reply (the longest text a PRM reads)
         scorer = PRMScorer(cfg, input="candidate_with_reply", max_length=args.max_length,
                            token_budget=args.token_budget)
-        print(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
-        bench_model(scorer, args, n_prefixes, n_mixed)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-
-if __name__ == "__main__":
-    main()
+        figures.note(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
+        bench_model(scorer, args, n_prefixes, n_mixed, figures)
+    return figures

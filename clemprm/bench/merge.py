@@ -1,8 +1,8 @@
-"""Merge benchmark on the embedded SmolLM2 (tied embeddings): an SFT LoRA that includes lm_head, merged and verified.
+"""The merge on the embedded SmolLM2 (tied embeddings): an SFT LoRA that includes lm_head, merged and verified.
 
-    python scripts/bench_merge.py                      # 6 training steps, 3 verification examples of up to 768 tokens
-    python scripts/bench_merge.py --steps 4 --out /tmp/bench-merge
-    python scripts/bench_merge.py --adapter /tmp/bench-merge/adapter   # measure the merge of an adapter trained before
+    python -m clemprm.bench merge                      # 6 training steps, 3 verification examples of up to 768 tokens
+    python -m clemprm.bench merge --steps 4 --workdir /tmp/bench-merge
+    python -m clemprm.bench merge --adapter /tmp/bench-merge/adapter   # the merge of an adapter trained before
 
 The adapter is trained, not drawn: a LoRA as the SFT stage makes it (``sft.lora``: r 16, alpha 32, dropout 0.05) on
 all linear layers + ``lm_head``, a few AdamW steps (raised learning rate, so that a few steps move the logits) on
@@ -11,25 +11,21 @@ guessnumber dialogues (binary search over 1-1000, about ten turns, so the held-o
 long). A plain training loop, not TRL: TRL 1.16's SFTTrainer refuses a LoRA on lm_head (its fused LM head reads
 ``lm_head.weight`` directly, so the adapter would never be trained). Then ``clemprm.stages.merge.merge_and_verify`` (the
 ``merge`` rule's code) merges it in a fresh process (so its peak RSS is the merge's own) and writes
-``verification.json``: the correct merge (fp32, untied lm_head), the adapter's own effect, and the two contrasts (a
-bf16 merge; PEFT's ``merge_and_unload()``, which writes the lm_head delta into the shared embedding). Prints merge
+``verification.json`` (in ``--workdir``): the correct merge (fp32, untied lm_head), the adapter's own effect, and
+the two contrasts (a
+bf16 merge; PEFT's ``merge_and_unload()``, which writes the lm_head delta into the shared embedding). Reports merge
 time, peak memory and the verification table.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import multiprocessing
-import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from clemprm.bench import Figures
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 HIGHEST = 1000
@@ -78,7 +74,7 @@ def run_in_child(function, log_file, *args) -> float:
     process.start()
     process.join()
     if process.exitcode:
-        sys.exit(f"child failed ({process.exitcode}); see {log_file}")
+        raise SystemExit(f"child failed ({process.exitcode}); see {log_file}")
     return time.perf_counter() - start
 
 
@@ -117,49 +113,46 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
     return {"steps": steps, "losses": losses, "seconds": time.perf_counter() - start}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=6, help="training steps of 2 pairs")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     parser.add_argument("--examples", type=int, default=3, help="verification examples")
     parser.add_argument("--max-tokens", type=int, default=768, help="tokens per verification example at most")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--adapter", default=None, help="merge this adapter (trained by an earlier run) instead")
-    parser.add_argument("--out", default=None, help="output folder (default: a temporary one)")
-    args = parser.parse_args()
 
-    from clemprm.stages import merge
+
+def run(args) -> Figures:
     from clemprm.config import load_config
+    from clemprm.stages import merge
 
-    out = Path(args.out or tempfile.mkdtemp(prefix="bench-merge-"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.workdir
     data = out / "sft_data.jsonl"
     write_sft_data(data, 20)
     config = load_config(overrides={
         "model": {"threads": args.threads}, "sft": {"validation_fraction": 0.25, "lora": {"target_modules": TARGETS}},
         "merge": {"examples": args.examples, "max_tokens": args.max_tokens}})
     lora = config["sft"]["lora"]
+    figures = Figures("merge")
 
     adapter = Path(args.adapter) if args.adapter else out / "adapter"
     if not args.adapter:
         trained = train_adapter(config, data, adapter, args.steps, args.lr)
-        print(f"LoRA r {lora['r']}, alpha {lora['alpha']} on {', '.join(TARGETS)}: {trained['steps']} AdamW steps of "
-              f"2 pairs at lr {args.lr:g}, answer loss {trained['losses']}, {trained['seconds']:.0f} s")
+        figures.note(f"LoRA r {lora['r']}, alpha {lora['alpha']} on {', '.join(TARGETS)}: {trained['steps']} AdamW "
+                     f"steps of 2 pairs at lr {args.lr:g}, answer loss {trained['losses']}, {trained['seconds']:.0f} s")
 
     merge_seconds = run_in_child(merge.merge_and_verify, str(out / "merge.log"), "sft", "causal-lm",
                                  merge.merge_params(config, "causal-lm"), str(adapter), str(data),
                                  str(out / "merged"), config["cache_dir"])
     verification = json.loads((out / "merged" / "verification.json").read_text())
-    print(f"merge (embedded SmolLM2-135M, fp32, untied {verification['untied']}): load + merge + save "
-          f"{verification['seconds']['merge']} s, peak RSS {verification['peak_memory_mb']['merge']['rss']:.0f} MB; "
-          f"with verification and contrasts {verification['seconds']['total']} s, peak RSS "
-          f"{verification['peak_memory_mb']['total']['rss']:.0f} MB (process {merge_seconds:.0f} s)")
-    print(f"verification on {verification['examples']['n']} {verification['examples']['source']} examples of "
-          f"{verification['examples']['tokens']} tokens; reference logits up to "
-          f"{verification['merged']['max_abs_reference_logit']:.1f}; passed: {verification['passed']}")
-    print(merge.verification_table(verification))
-    print(f"outputs in {out}")
-
-
-if __name__ == "__main__":
-    main()
+    figures.add("load + merge + save", verification["seconds"]["merge"], "s")
+    figures.add("merge peak RSS", verification["peak_memory_mb"]["merge"]["rss"], "MB")
+    figures.add("with verification and contrasts", verification["seconds"]["total"], "s")
+    figures.add("total peak RSS", verification["peak_memory_mb"]["total"]["rss"], "MB")
+    figures.add("merge process", merge_seconds, "s")
+    figures.note(f"merge of embedded SmolLM2-135M, fp32, untied {verification['untied']}")
+    figures.note(f"verification on {verification['examples']['n']} {verification['examples']['source']} examples of "
+                 f"{verification['examples']['tokens']} tokens; reference logits up to "
+                 f"{verification['merged']['max_abs_reference_logit']:.1f}; passed: {verification['passed']}")
+    figures.note(merge.verification_table(verification))
+    return figures

@@ -1,30 +1,31 @@
-"""Benchmark: which PRM training ranks held-out siblings best, variants side by side on the same soft labels.
+"""Which PRM training ranks held-out siblings best: variants side by side on the same soft labels.
 
-    python scripts/bench_prm_training.py --workdir DIR [--labels SOFT_LABELS] [--instances 6] [--siblings 4] [--k 4]
+    python -m clemprm.bench prm_training --workdir DIR [--results RESULTS] [--instances 6] [--siblings 4] [--k 4]
                                          [--seed N] [--variant bce] [--variant pairwise:pairwise_weight=1.0] ...
 
 Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): the policy (config.yaml's
 ``model``, no SFT adapter) plays ``--instances`` train instances per built-in game, every trajectory gives its
 branch points (``branch_points.max_per_episode``) with ``--siblings`` candidates each, each labelled by ``--k``
-continuations (the ``branch_points`` and ``soft_labels`` stages' own functions); ``--labels`` takes a pipeline's
-``results/labels/soft_labels.parquet`` instead. Then the PRM stage
+continuations (the ``branch_points`` and ``soft_labels`` stages' own functions); ``--results`` takes a pipeline's
+results folder instead: its ``labels/soft_labels.parquet``, its SFT adapter (the log-probability baseline's policy)
+and its ``labels/answers.parquet`` (for variants with acceptance_examples). Then the PRM stage
 (:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm``
 section, e.g. ``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the
-script prints each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1
+benchmark reports each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1
 regret and the pick's label (bootstrap CIs over held-out instances), global AUROC and Pearson, and the training
 time.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
 from pathlib import Path
 
-from clemprm.stages import labels, prm
+from clemprm.bench import Figures, RunFiles
 from clemprm.config import deep_merge, load_config
+from clemprm.stages import labels, prm
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -58,15 +59,9 @@ def show(estimate: dict | None) -> str:
     return f"{estimate['value']:.3f} [{estimate['ci_low']:.3f}, {estimate['ci_high']:.3f}]"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--labels", type=Path, default=None, help="soft labels to train on (default: made here)")
-    parser.add_argument("--sft-adapter", default=None,
-                        help="the policy of the log-probability baseline (with --labels)")
-    parser.add_argument("--episodes", nargs="*", default=[], help="played episode records (a pipeline's "
-                        "results/rollouts/base_train.parquet, results/labels/sft_train_episodes.parquet) for variants "
-                        "with acceptance_examples")
+def add_arguments(parser) -> None:
+    parser.add_argument("--results", type=Path, default=None, help="a pipeline's results folder: its soft labels, "
+                        "SFT adapter and answers (default: soft labels made here)")
     parser.add_argument("--validation-fraction", type=float, default=0.3,
                         help="train instances held out when the labels have no validation-split rows")
     parser.add_argument("--instances", type=int, default=6, help="train instances per game (labels)")
@@ -78,10 +73,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: config.yaml's)")
     parser.add_argument("--variant", action="append", default=None,
                         help="NAME:key=value,... of the prm section (repeatable; default: bce and pairwise)")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    args.workdir.mkdir(parents=True, exist_ok=True)
+
+def run(args) -> Figures:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = load_config(overrides={**({"seed": args.seed} if args.seed is not None else {}),
                                     "games": {"max_instances": {"train": args.instances}},
                                     "model": {"threads": args.threads, **({"spec": args.model} if args.model else {})},
@@ -89,7 +84,10 @@ def main() -> None:
                                     # every labelled pair, whole sibling groups, a third of the instances held out
                                     "prm": {"max_examples": None, "epochs": args.epochs,
                                             "validation_fraction": args.validation_fraction}})
-    labels_path = args.labels or make_labels(config, args.workdir)
+    run_files = RunFiles(args.results) if args.results else None
+    labels_path = run_files.soft_labels() if run_files else make_labels(config, args.workdir)
+    sft_adapter = str(run_files.sft_adapter()) if run_files else None
+    answers = str(run_files.answers()) if run_files else None
     variants = [parse_variant(text) for text in (args.variant or ["bce", "pairwise:pairwise_weight=1.0"])]
     results = {}
     for name, overrides in variants:
@@ -97,36 +95,34 @@ def main() -> None:
         folder = args.workdir / name
         # a variant that fails the quality gate is a result here, not an error
         metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"),
-                                sft_adapter=args.sft_adapter, on_failure="continue", episode_paths=args.episodes)
+                                sft_adapter=sft_adapter, on_failure="continue", answers_path=answers)
         results[name] = metrics
     first = next(iter(results.values()))
     ranking, side = first["ranking"], first["ranking"]["side"]
-    print(f"\n{first['examples']['train']} train pairs on {first['examples']['train_instances']} instances; held out "
-          f"({side}): {first['examples'][side]} pairs, {ranking['prefixes']} states with siblings on "
-          f"{ranking['instances']} instances, {ranking['pairs_with_different_labels']} sibling pairs with different "
-          f"labels; best sibling's label {show(ranking['best_label'].get('overall'))}")
-    print(f"{'scorer':<28} {'pairwise accuracy':<24} {'top-1 regret':<24} {'pick label':<24} {'AUROC':>6} "
-          f"{'Pearson':>7} {'train s':>7}")
+    figures = Figures("prm_training")
+    figures.note(f"{first['examples']['train']} train pairs on {first['examples']['train_instances']} instances; held "
+                 f"out ({side}): {first['examples'][side]} pairs, {ranking['prefixes']} states with siblings on "
+                 f"{ranking['instances']} instances, {ranking['pairs_with_different_labels']} sibling pairs with "
+                 f"different labels; best sibling's label {show(ranking['best_label'].get('overall'))}")
     rows = [(f"prm [{name}]", metrics, "prm") for name, metrics in results.items()]
     rows += [(baseline, first, baseline) for baseline in ranking["scorers"] if baseline != "prm"]
     for label, metrics, scorer in rows:
         overall = metrics["ranking"]["scorers"][scorer]["overall"]
         block = metrics["evaluation"][side] if scorer == "prm" else metrics["baselines"][scorer][side]
-        auroc, pearson = (block or {}).get("auroc"), (block or {}).get("pearson")
-        print(f"{label:<28} {show(overall['pairwise_accuracy']):<24} {show(overall['top1_regret']):<24} "
-              f"{show(overall['pick_label']):<24} {auroc if auroc is None else round(auroc, 3)!s:>6} "
-              f"{pearson if pearson is None else round(pearson, 3)!s:>7} "
-              f"{metrics.get('train_seconds', '') if scorer == 'prm' else '':>7}")
+        for key in ("pairwise_accuracy", "top1_regret", "pick_label"):
+            figures.add(f"{label}: {key}", overall[key]["value"], "held out")
+        for key in ("auroc", "pearson"):
+            figures.add(f"{label}: {key}", (block or {}).get(key), "held out")
+        figures.note(f"{label}: pairwise accuracy {show(overall['pairwise_accuracy'])}, top-1 regret "
+                     f"{show(overall['top1_regret'])}, pick label {show(overall['pick_label'])} (bootstrap CIs)")
     for name, metrics in results.items():
+        figures.add(f"prm [{name}]: training", metrics.get("train_seconds"), "s")
         held_out = metrics["evaluation"][side] or {}
-        print(f"prm [{name}] gate {metrics['gate']['status']}: mean prediction {held_out.get('mean_prediction')}, "
-              f"label {held_out.get('mean_label')}; std prediction {held_out.get('std_prediction')}, "
-              f"label {held_out.get('std_label')}")
+        figures.note(f"prm [{name}] gate {metrics['gate']['status']}: mean prediction "
+                     f"{held_out.get('mean_prediction')}, label {held_out.get('mean_label')}; std prediction "
+                     f"{held_out.get('std_prediction')}, label {held_out.get('std_label')}")
         per_game = metrics["ranking"]["scorers"]["prm"]
-        print(f"prm [{name}] per game: " + "; ".join(
+        figures.note(f"prm [{name}] per game: " + "; ".join(
             f"{game}: accuracy {show(entry['pairwise_accuracy'])}, regret {show(entry['top1_regret'])}"
             for game, entry in per_game.items() if game != "overall"))
-
-
-if __name__ == "__main__":
-    main()
+    return figures

@@ -1,14 +1,16 @@
-"""Data parallelism on this machine: 2 processes x 1 thread (torchrun, gloo) against 1 process x 2 threads, on the
-embedded SmolLM2, side by side: SFT, one label shard and one eval mode (greedy_base), each as its stage function runs
-it in a rule. Prints seconds per run (process start and model load included) and whether the outputs agree (records
-identical; adapter weights: max abs difference).
+"""Data parallelism: 2 processes x 1 thread (torchrun, gloo) against 1 process x 2 threads, SmolLM2, side by side.
 
-    python scripts/bench_distributed.py                          # the embedded default, a few instances per game
-    python scripts/bench_distributed.py --instances 4 --repeats 2
+SFT, one label shard and one eval mode (greedy_base), each as its stage function runs it in a rule, the two
+configurations alternating (A B A B) ``--repeat`` times. Reports seconds per run (process start and model load
+included), the stage's own seconds, and whether the outputs agree (records identical; adapter weights: max abs
+difference).
+
+    python -m clemprm.bench distributed                          # the embedded default, a few instances per game
+    python -m clemprm.bench distributed --instances 4 --repeat 2
 
 On 2 cores expect about even: the figure that matters here is equivalence, the speed-up belongs to GPUs (one per
-process). The SFT data (tests/test_sft.py's synthetic rows) and the branch points for the label shard are made
-first (one process, not timed).
+process). The SFT data (tests/test_sft.py's synthetic rows: this benchmark runs from a source checkout) and the
+branch points for the label shard are made first (one process, not timed).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from clemprm.bench import Figures
+
+REPO = Path(__file__).resolve().parents[2]
 TASKS = ("sft", "soft_labels", "greedy_base")
+REPEATS_ITSELF = True
 
 
 def settings_for(threads: int, instances: int) -> dict:
@@ -76,7 +80,8 @@ def launch(task: str, processes: int, work: Path, cache_dir: str, instances: int
     out.mkdir(parents=True, exist_ok=True)
     launcher = (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
                 if processes > 1 else [])
-    command = [sys.executable, *launcher, __file__, "--task", task, "--work", str(work), "--out", str(out),
+    command = [sys.executable, *launcher, "-m", "clemprm.bench.distributed", "--task", task, "--work", str(work),
+               "--out", str(out),
                "--cache-dir", cache_dir, "--instances", str(instances)]
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, 2 // processes)), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
@@ -104,37 +109,31 @@ def agreement(task: str, one: Path, two: Path) -> str:
                                                                                 f" ({len(b)} vs {len(a)} rows)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=("inputs",) + TASKS, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--work", default=None, help="working folder (default: a temporary one)")
+def add_arguments(parser) -> None:
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache/clemprm"), help="model cache")
     parser.add_argument("--instances", type=int, default=2, help="instances per game and split")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each configuration (alternating)")
-    args = parser.parse_args()
-    if args.task:
-        return run_task(args.task, Path(args.work), Path(args.out), args.cache_dir, args.instances)
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-distributed-"))
-    print(f"work folder {work}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+
+def run(args) -> Figures:
+    work = args.workdir.resolve()
     launch("inputs", 1, work, args.cache_dir, args.instances)
-    results = {}
+    figures = Figures("distributed")
     for task in TASKS:
-        times = {1: [], 2: []}
-        for _ in range(args.repeats):
+        for _ in range(args.repeat):
             for processes in (1, 2):   # A B A B
                 seconds, out = launch(task, processes, work, args.cache_dir, args.instances)
-                stage = float((out / "stage_seconds").read_text())
-                times[processes].append((seconds, stage))
-        one, two = (min(times[p]) for p in (1, 2))
-        results[task] = {"1x2": one, "2x1": two, "agreement": agreement(task, work / f"{task}-1", work / f"{task}-2")}
-        print(f"{task:12s} 1 process x 2 threads {one[0]:6.1f} s (stage {one[1]:6.1f} s) | 2 processes x 1 thread "
-              f"{two[0]:6.1f} s (stage {two[1]:6.1f} s) | ratio {two[0] / one[0]:.2f} | {results[task]['agreement']}",
-              flush=True)
-    (work / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+                name = "1 process x 2 threads" if processes == 1 else "2 processes x 1 thread"
+                figures.add(f"{task} {name}", seconds, "s")
+                figures.add(f"{task} {name}: stage", float((out / "stage_seconds").read_text()), "s")
+        figures.ratio(f"{task} 2x1 / 1x2", f"{task} 2 processes x 1 thread", f"{task} 1 process x 2 threads")
+        figures.note(f"{task}: {agreement(task, work / f'{task}-1', work / f'{task}-2')}")
+    return figures
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # one task in one of the processes launch() starts
+    worker = argparse.ArgumentParser()
+    for option in ("--task", "--work", "--out", "--cache-dir"):
+        worker.add_argument(option, required=True)
+    worker.add_argument("--instances", type=int, required=True)
+    task_args = worker.parse_args()
+    run_task(task_args.task, Path(task_args.work), Path(task_args.out), task_args.cache_dir, task_args.instances)

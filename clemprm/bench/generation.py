@@ -1,7 +1,7 @@
-"""Benchmark clemprm's batched generation against plain HF ``model.generate`` (same model, same settings).
+"""clemprm's batched generation against plain HF ``model.generate`` (same model, same settings): tokens/s.
 
-Prints, per batch size, generated tokens/s of HF generate and of ``PolicyModel.generate`` measured side by
-side (interleaved runs, the best of ``--repeats``), their ratio, and a greedy check that both pick exactly
+Reports, per batch size, generated tokens/s of HF generate and of ``PolicyModel.generate`` measured side by
+side (interleaved runs, ``--repeat`` of each), their ratio per repeat, and a greedy check that both pick exactly
 the same tokens. Two workloads:
 
 * fixed: every row generates exactly ``--new-tokens`` tokens (end tokens suppressed, HF ``min_new_tokens``),
@@ -9,26 +9,27 @@ the same tokens. Two workloads:
 * natural: rows stop at their end token (HF keeps computing finished rows; clemprm drops them).
 
 Default: the embedded SmolLM2 at 2 threads, sampling with temperature 0.7 and top-p 0.9 (HF's default top-k 50
-on both sides), prompts of ~67 tokens, 32 new tokens. ``--tiny`` adds the tiny random model.
+on both sides), prompts of ~67 tokens, 32 new tokens. ``--tiny`` adds the tiny random model. The old script
+reported the best of its repeats: the table's max for tokens/s.
 
-    python scripts/bench_generation.py                 # SmolLM2, batch 1, 8, 32
-    python scripts/bench_generation.py --tiny --batch-sizes 32
+    python -m clemprm.bench generation                 # SmolLM2, batch 1, 8, 32
+    python -m clemprm.bench generation --tiny --no-main --batch-sizes 32
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
+from clemprm.bench import Figures
+from clemprm.models.generation import PolicyModel
+from clemprm.models.loader import ModelConfig
+from clemprm.models.sampling import SamplingParams
 
-from clemprm.models.generation import PolicyModel  # noqa: E402
-from clemprm.models.loader import ModelConfig  # noqa: E402
-from clemprm.models.sampling import SamplingParams  # noqa: E402
+REPEATS_ITSELF = True
 
 TOPICS = ["apple", "river", "chair", "garden", "winter", "window", "rocket", "violin", "castle", "pencil",
           "orange", "forest", "bridge", "candle", "dragon", "island", "jacket", "kettle", "ladder", "mirror",
@@ -93,34 +94,32 @@ def timed(fn, *args):
     return time.perf_counter() - start, sum(len(r) for r in rows), rows
 
 
-def bench_model(policy: PolicyModel, batch_sizes, args) -> None:
+def bench_model(policy: PolicyModel, batch_sizes, args, figures: Figures) -> None:
     prompts_all = make_prompts(max(batch_sizes), args.prompt_tokens, policy)
     lengths = [len(policy.tokenizer(policy.render(m), add_special_tokens=False)["input_ids"]) for m in prompts_all]
-    print(f"\n== {policy.name}: {sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f}M params, "
-          f"{torch.get_num_threads()} threads, prompts {min(lengths)}-{max(lengths)} tokens "
-          f"(mean {statistics.mean(lengths):.0f}), {args.new_tokens} new tokens, "
-          f"T={args.temperature} top_p={args.top_p} top_k={args.top_k}, best of {args.repeats} interleaved runs")
+    name = policy.name
+    figures.note(f"{name}: {sum(p.numel() for p in policy.model.parameters()) / 1e6:.1f}M params, "
+                 f"{torch.get_num_threads()} threads, prompts {min(lengths)}-{max(lengths)} tokens "
+                 f"(mean {statistics.mean(lengths):.0f}), {args.new_tokens} new tokens, "
+                 f"T={args.temperature} top_p={args.top_p} top_k={args.top_k}, {args.repeat} interleaved runs")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               max_new_tokens=args.new_tokens)
     fixed = SamplingParams(**{**sampling.__dict__, "min_new_tokens": args.new_tokens})
     # warm up both paths (first calls allocate, load kernels)
     hf_generate(policy, prompts_all[:2], SamplingParams(0.0, max_new_tokens=2), 0)
     ours_generate(policy, prompts_all[:2], SamplingParams(0.0, max_new_tokens=2), 0)
-    print(f"{'batch':>5} {'workload':>8} | {'HF tok/s':>9} {'ours tok/s':>10} {'ratio':>6} | tokens HF/ours")
     for batch in batch_sizes:
         perspectives = prompts_all[:batch]
         for label, params in (("fixed", fixed), ("natural", sampling)):
             if label == "natural" and not args.natural:
                 continue
-            hf_runs, our_runs = [], []
-            for rep in range(args.repeats):
-                hf_runs.append(timed(hf_generate, policy, perspectives, params, rep))
-                our_runs.append(timed(ours_generate, policy, perspectives, params, rep))
-            hf_rate = max(n / t for t, n, _ in hf_runs)
-            our_rate = max(n / t for t, n, _ in our_runs)
-            print(f"{batch:>5} {label:>8} | {hf_rate:9.1f} {our_rate:10.1f} {our_rate / hf_rate:6.2f} | "
-                  f"{sum(n for _, n, _ in hf_runs) // args.repeats}/{sum(n for _, n, _ in our_runs) // args.repeats}",
-                  flush=True)
+            row = f"{name} batch {batch} {label}"
+            for rep in range(args.repeat):
+                t, n, _ = timed(hf_generate, policy, perspectives, params, rep)
+                figures.add(f"{row}: HF", n / t, "tokens/s")
+                t, n, _ = timed(ours_generate, policy, perspectives, params, rep)
+                figures.add(f"{row}: ours", n / t, "tokens/s")
+            figures.ratio(f"{row}: ours / HF", f"{row}: ours", f"{row}: HF")
     if args.ablation:  # what each optimisation of the decoder is worth (largest batch, fixed workload)
         from clemprm.models import decode_attention, decoder
         batch = max(batch_sizes)
@@ -129,31 +128,27 @@ def bench_model(policy: PolicyModel, batch_sizes, args) -> None:
                     "no fast decode attention": (False, decoder.MIN_SHARED_PREFIX),
                     "neither": (False, 10**9)}
         saved = decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX
-        rates = {name: [] for name in settings}
         try:
-            for rep in range(args.repeats):
-                for name, (fast, min_prefix) in settings.items():
+            for rep in range(args.repeat):
+                for setting, (fast, min_prefix) in settings.items():
                     decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX = fast, min_prefix
                     t, n, _ = timed(ours_generate, policy, prompts_all[:batch], fixed, rep)
-                    rates[name].append(n / t)
+                    figures.add(f"{name} ablation batch {batch} fixed: {setting}", n / t, "tokens/s")
         finally:
             decode_attention.FAST_DECODE_ATTENTION, decoder.MIN_SHARED_PREFIX = saved
-        print(f"ablation, batch {batch} fixed: " + ", ".join(f"{name} {max(r):.1f}" for name, r in rates.items())
-              + " tok/s")
     # greedy: exactly the same tokens as HF generate (batched, left padded)
     batch = min(args.greedy_batch, len(prompts_all))
     greedy = SamplingParams(0.0, max_new_tokens=args.new_tokens)
     t_hf, n_hf, hf_rows = timed(hf_generate, policy, prompts_all[:batch], greedy, 0)
     t_ours, n_ours, our_rows = timed(ours_generate, policy, prompts_all[:batch], greedy, 0)
     same = sum(a == b for a, b in zip(hf_rows, our_rows))
-    print(f"greedy batch {batch}: identical tokens in {same}/{batch} rows "
-          f"(HF {n_hf / t_hf:.1f} tok/s, ours {n_ours / t_ours:.1f} tok/s)")
+    figures.note(f"{name} greedy batch {batch}: identical tokens in {same}/{batch} rows "
+                 f"(HF {n_hf / t_hf:.1f} tok/s, ours {n_ours / t_ours:.1f} tok/s)")
     sample = policy.generate(prompts_all[:1], temperature=0.0, max_new_tokens=args.new_tokens)[0]
-    print(f"example answer: {sample.text!r}")
+    figures.note(f"{name} example answer: {sample.text!r}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct")
     parser.add_argument("--tiny", action="store_true", help="also benchmark tiny:0")
     parser.add_argument("--no-main", action="store_true", help="skip --model (with --tiny: the tiny model only)")
@@ -164,24 +159,21 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--top-k", type=int, default=50, help="HF generate's default is 50; 0 = off")
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--greedy-batch", type=int, default=32)
     parser.add_argument("--natural", action=argparse.BooleanOptionalAction, default=True,
                         help="also time rows that stop at their end token")
     parser.add_argument("--ablation", action="store_true", help="time the decoder without each optimisation")
     parser.add_argument("--cache-dir", default=None)
-    args = parser.parse_args()
+    parser.set_defaults(repeat=2)
+
+
+def run(args) -> Figures:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     specs = ([] if args.no_main else [args.model]) + (["tiny:0"] if args.tiny else [])
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"(the machine has {os.cpu_count()} cores; other processes distort absolute figures, less so ratios)")
+    figures = Figures("generation")
     for spec in specs:
         start = time.perf_counter()
         policy = PolicyModel(ModelConfig(spec=spec, threads=args.threads, cache_dir=args.cache_dir))
-        print(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
-        bench_model(policy, batch_sizes, args)
-    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-
-if __name__ == "__main__":
-    main()
+        figures.note(f"loaded {spec} in {time.perf_counter() - start:.1f} s")
+        bench_model(policy, batch_sizes, args, figures)
+    return figures

@@ -1,4 +1,4 @@
-"""Plays the clembench 2.0 text games of a checkout through the pipeline's stages and prints one table.
+"""The clembench 2.0 text games of a checkout through the pipeline's stages: what each stage did, per game.
 
 For every game, on its own (one game failing to load does not stop the others): load it (the parse-time checks
 and the catalog), base rollouts on its first instance(s) (round-robin over its experiments, given as a playpen-data
@@ -9,8 +9,8 @@ score a capped label continuation of the game gets (the game's ``partial_bench_s
 episode closed as lost, 0 where that yields none, or an error where the scorer raises on answers), probed after 0,
 1, 2 answers of the game's own programmatic players (clembench players implement ``_custom_response``).
 
-    python scripts/clembench_suite.py --clembench /path/to/clembench --model tiny:0
-    python scripts/clembench_suite.py --clembench /path/to/clembench --model embedded:smollm2-135m-instruct \
+    python -m clemprm.bench clembench_suite --clembench /path/to/clembench --model tiny:0
+    python -m clemprm.bench clembench_suite --clembench /path/to/clembench --model embedded:smollm2-135m-instruct \
         --threads 2 --games wordle,referencegame --max-context-tokens auto
 
 Counts are small on purpose (1 instance per split, 1 episode, K=2): it shows that each game runs as clembench
@@ -19,13 +19,13 @@ intends, not how well the model plays. taboo and codenames need NLTK data (docs/
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from clemprm.bench import Figures
 
 SUITE = ("wordle", "wordle_withclue", "wordle_withcritic", "referencegame", "imagegame", "privateshared", "taboo",
          "codenames", "matchit_ascii", "guesswhat", "textmapworld", "textmapworld_graphreasoning",
@@ -184,8 +184,7 @@ def episode_stats(rows: list[dict]) -> str:
     return text + (f" ({errors[0][:60]})" if errors else "")
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--clembench", required=True, help="a clembench checkout")
     parser.add_argument("--model", default="tiny:0")
     parser.add_argument("--games", default=",".join(SUITE), help="comma-separated (default: the 2.0 text games)")
@@ -199,31 +198,31 @@ def main(argv=None) -> None:
                         help="model.max_context_tokens: the longest prompt (default: the config's), or auto: the "
                              "model's own context length (games with long prompts)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--log", default=None, help="log file (default: a temporary one)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--log", default=None, help="log file (default: suite.log in the work folder)")
 
+
+def run(args) -> Figures:
     from clemprm.models.generation import load_policy
 
-    workdir = Path(tempfile.mkdtemp(prefix="clembench_suite."))
+    args.clembench = str(Path(args.clembench).resolve())
+    workdir = args.workdir.resolve()
     os.chdir(workdir)  # matchit_ascii appends its players' first words to ./first_words.txt
     log_file = args.log or str(workdir / "suite.log")
     logging.basicConfig(level=logging.INFO, filename=log_file, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     policy = load_policy(model_settings(args))
-    print(f"model {args.model} loaded in {time.perf_counter() - start:.0f} s, prompts up to "
-          f"{policy.cfg.max_context_tokens} tokens; {args.instances} instance(s) per split, "
-          f"{args.episodes} episode(s), K={args.k}, {args.max_new_tokens} new tokens; log {log_file}", flush=True)
+    figures = Figures("clembench_suite")
+    figures.note(f"model {args.model} loaded in {time.perf_counter() - start:.0f} s, prompts up to "
+                 f"{policy.cfg.max_context_tokens} tokens; {args.instances} instance(s) per split, "
+                 f"{args.episodes} episode(s), K={args.k}, {args.max_new_tokens} new tokens; log {log_file}")
     header = ("game", "loads", "base rollouts (train)", "branch points", "soft labels",
-              "greedy eval (validation)", "partial score", "s", "left out / stage errors")
+              "greedy eval (validation)", "partial score", "left out / stage errors")
     print(" | ".join(header), flush=True)
     for game in args.games.split(","):
         row = run_game(args, game, policy, workdir)
+        figures.add(f"{game}: seconds", row["seconds"], "s")
         print(" | ".join([row["game"], row["loads"], row.get("base", "-"), row.get("branch_points", "-"),
                           row.get("labels", "-"), row.get("eval", "-"), row.get("partial", "-"),
-                          f"{row['seconds']:.0f}", row.get("left_out") or "; ".join(row["stage_errors"]) or "-"]),
-              flush=True)
-    print(f"total {time.perf_counter() - start:.0f} s", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+                          row.get("left_out") or "; ".join(row["stage_errors"]) or "-"]), flush=True)
+    figures.add("total", time.perf_counter() - start, "s")
+    return figures

@@ -1,38 +1,36 @@
-"""The two generation backends side by side on the embedded SmolLM2: clemprm's decoder (``engine``) and a vLLM server
-(``vllm``: vLLM's CPU build here, fp32 and bf16), on the same prompts and settings.
+"""The engine's decoder vs a vLLM server on the embedded SmolLM2: tokens/s, greedy agreement, real workloads.
+
+Both backends on the same prompts and settings: clemprm's decoder (``engine``) and a vLLM server (``vllm``: vLLM's
+CPU build here, fp32 and bf16).
 
 1. decoding speed: generated tokens/s at each batch size, every row generating exactly ``--new-tokens`` tokens
    (end tokens suppressed on both: ``ignore_eos`` on vLLM, ``min_new_tokens`` on the engine), T 0.7 / top-p 0.9 /
-   top-k 50, the best of ``--repeats``, each backend alone on the machine (an idle vLLM CPU server's threads spin);
+   top-k 50, ``--repeat`` runs of each, each backend alone on the machine (an idle vLLM CPU server's threads spin);
 2. greedy agreement: the share of greedy answers (natural length, 32 tokens) that are token-identical;
 3. real workloads: the embedded default's ``base_rollouts`` and one ``soft_labels`` shard (on the base policy's
    branch points) through each backend: seconds and record counts.
 
-    python scripts/bench_vllm.py --vllm-python .venv-vllm/bin/python
-    python scripts/bench_vllm.py --vllm-python .venv-vllm/bin/python --batch-sizes 32,128 --skip-workloads
+    python -m clemprm.bench vllm --vllm-python .venv-vllm/bin/python
+    python -m clemprm.bench vllm --vllm-python .venv-vllm/bin/python --batch-sizes 32,128 --skip-workloads
 
 Measure on a quiet machine: vLLM's spinning threads win a contended CPU, so figures under load flip.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from clemprm.bench import Figures
+from clemprm.bench.generation import make_prompts
+from clemprm.config import job_environment, load_config, policy_model
+from clemprm.models.generation import PolicyModel
+from clemprm.models.loader import ModelConfig, resolve_model_dir
+from clemprm.models.sampling import SamplingParams
+from clemprm.models.vllm_backend import VLLMServer, vllm_settings
 
-from bench_generation import make_prompts  # noqa: E402
-
-from clemprm.config import job_environment, load_config, policy_model  # noqa: E402
-from clemprm.models.generation import PolicyModel  # noqa: E402
-from clemprm.models.loader import ModelConfig, resolve_model_dir  # noqa: E402
-from clemprm.models.sampling import SamplingParams  # noqa: E402
-from clemprm.models.vllm_backend import VLLMServer, vllm_settings  # noqa: E402
+REPEATS_ITSELF = True   # each backend alone, --repeat runs of each (not interleaved: see above)
 
 
 def engine_speed(policy: PolicyModel, prompts: list[list[int]], params: SamplingParams) -> float:
@@ -54,12 +52,11 @@ def vllm_speed(server: VLLMServer, prompts: list[list[int]], params: SamplingPar
     return sum(len(ids or []) for ids, _, _ in out) / seconds
 
 
-def workloads(python: str, cache_dir: str, work: Path, threads: int) -> None:
+def workloads(python: str, cache_dir: str, work: Path, threads: int, figures: Figures) -> None:
     """base_rollouts and one soft_labels shard of the embedded default through each backend."""
     from clemprm import records
     from clemprm.stages import labels, rollouts
 
-    print("\n== real workloads (the embedded default's settings)", flush=True)
     for backend in ("engine", "vllm"):
         overrides = {"model": {"threads": threads}, "generation": {"backend": backend,
                                                                    "vllm": {"python": python, "kv_cache_gb": 2}}}
@@ -79,29 +76,31 @@ def workloads(python: str, cache_dir: str, work: Path, threads: int) -> None:
         shard = labels.soft_labels_shard({**settings, "labels": config["labels"]}, str(work / "branch_points.parquet"),
                                          None, 0, shards, str(work / f"{backend}-shard.parquet"), cache_dir)
         shard_s = time.perf_counter() - start
-        print(f"{backend:6s} base_rollouts {rollout_s:7.1f} s ({len(rows)} episodes, "
-              f"{sum(row['error'] is not None for row in rows)} errors) | soft_labels shard 0/{shards} "
-              f"{shard_s:7.1f} s ({len(shard)} labels of "
-              f"{len(labels.shard_rows(records.read_records(work / 'branch_points.parquet'), 0, shards))} branch "
-              f"points)" + (" (server start included)" if backend == "vllm" else ""), flush=True)
+        figures.add(f"{backend} base_rollouts", rollout_s, "s")
+        figures.add(f"{backend} soft_labels shard", shard_s, "s")
+        figures.note(f"{backend}: base_rollouts {len(rows)} episodes, {sum(row['error'] is not None for row in rows)} "
+                     f"errors; soft_labels shard 0/{shards}: {len(shard)} labels of "
+                     f"{len(labels.shard_rows(records.read_records(work / 'branch_points.parquet'), 0, shards))} "
+                     "branch points" + (" (server start included)" if backend == "vllm" else ""))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--vllm-python", required=True, help="the Python of the vLLM virtualenv")
     parser.add_argument("--batch-sizes", default="32,128")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="vLLM dtypes to time (float32 first: the "
                         "greedy agreement and the workloads run on it)")
     parser.add_argument("--skip-workloads", action="store_true")
-    args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
+    parser.set_defaults(repeat=2)
+
+
+def run(args) -> Figures:
     cfg = ModelConfig(threads=args.threads, cache_dir=args.cache_dir)
     policy = PolicyModel(cfg)
-    work = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    work = args.workdir
+    figures = Figures("vllm")
     sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=args.new_tokens)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     prompts = {batch: [policy._tokenize([policy.render(m)])[0] for m in make_prompts(batch, 67, policy)]
@@ -109,11 +108,11 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=32)
     greedy_prompts = [policy._tokenize([policy.render(m)])[0] for m in make_prompts(64, 67, policy)]
     # one at a time: an idle vLLM CPU server's threads spin and would slow whatever runs beside it
-    print(f"== decoding speed, tokens/s ({args.new_tokens} new tokens per row, T 0.7 / top-p 0.9 / top-k 50; "
-          f"the best of {args.repeats}, each backend alone on the machine)", flush=True)
-    speeds = {"engine": {batch: max(engine_speed(policy, prompts[batch], sampling) for _ in range(args.repeats))
-                         for batch in batches}}
-    print("engine        " + " | ".join(f"batch {b}: {v:7.1f}" for b, v in speeds["engine"].items()), flush=True)
+    figures.note(f"decoding speed: {args.new_tokens} new tokens per row, T 0.7 / top-p 0.9 / top-k 50; "
+                 f"{args.repeat} runs of each, each backend alone on the machine")
+    for batch in batches:
+        for _ in range(args.repeat):
+            figures.add(f"engine batch {batch}", engine_speed(policy, prompts[batch], sampling), "tokens/s")
     engine_greedy = policy.decoder.generate(greedy_prompts, greedy, list(range(64)), token_budget=cfg.token_budget)
     agreement = None
     for dtype in args.dtypes.split(","):
@@ -122,11 +121,14 @@ def main() -> None:
                             dtype=dtype, max_model_len=3072, seed=0, max_lora_rank=16,
                             log_path=work / f"vllm-{dtype}.log")
         try:
-            speeds[f"vllm {dtype}"] = {}
             for batch in batches:
-                speeds[f"vllm {dtype}"][batch] = max(vllm_speed(server, prompts[batch], sampling)
-                                                     for _ in range(args.repeats))
-                print(f"vllm {dtype:8s} batch {batch}: {speeds[f'vllm {dtype}'][batch]:7.1f}", flush=True)
+                for _ in range(args.repeat):
+                    figures.add(f"vllm {dtype} batch {batch}", vllm_speed(server, prompts[batch], sampling),
+                                "tokens/s")
+                if dtype == "float32":   # the runs are not interleaved (one backend at a time): best against best
+                    best = [max(figures.figures[f"{name} batch {batch}"].samples)
+                            for name in ("vllm float32", "engine")]
+                    figures.add(f"vllm fp32 / engine batch {batch}", best[0] / best[1], "x (best of each)")
             if dtype == "float32":
                 from clemprm.models.vllm_backend import VLLMDecoder
                 vllm_greedy = VLLMDecoder(server, server.served_name, eos_token_ids=policy.decoder.eos,
@@ -134,16 +136,7 @@ def main() -> None:
                 agreement = sum(a[0] == b[0] for a, b in zip(engine_greedy, vllm_greedy))
         finally:
             server.stop()
-    print("== side by side")
-    for batch in batches:
-        print(f"batch {batch:4d} | " + " | ".join(f"{name} {values[batch]:7.1f}" for name, values in speeds.items())
-              + f" | vllm fp32 / engine {speeds['vllm float32'][batch] / speeds['engine'][batch]:.2f}", flush=True)
-    print(f"\n== greedy agreement (fp32, 64 prompts, up to 32 tokens): {agreement}/64 answers token-identical",
-          flush=True)
+    figures.note(f"greedy agreement (fp32, 64 prompts, up to 32 tokens): {agreement}/64 answers token-identical")
     if not args.skip_workloads:
-        workloads(args.vllm_python, args.cache_dir, work, args.threads)
-    print(f"load average at the end {os.getloadavg()[0]:.2f}; work folder {work}")
-
-
-if __name__ == "__main__":
-    main()
+        workloads(args.vllm_python, args.cache_dir, work, args.threads, figures)
+    return figures

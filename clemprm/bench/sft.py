@@ -1,33 +1,27 @@
-"""SFT benchmark on the embedded default: SFT time and peak memory, then base vs SFT play on the validation split.
+"""SFT on the embedded default: SFT time and peak memory, then base vs SFT play on the validation split.
 
-    python scripts/bench_sft.py                       # SFT data: results/sft/sft_data.parquet if it exists,
-                                                      # else base rollouts + win filter are run first
-    python scripts/bench_sft.py --episodes 4 --out /tmp/bench-sft
-    python scripts/bench_sft.py --config my.yaml      # other settings on top of config.yaml
+    python -m clemprm.bench sft                       # SFT data: made first (base rollouts + win filter)
+    python -m clemprm.bench sft --results results     # a run's SFT data (results/sft/sft_data.parquet)
+    python -m clemprm.bench sft --episodes 4 --workdir /tmp/bench-sft
+    python -m clemprm.bench sft --config my.yaml      # other settings on top of config.yaml
 
 SFT runs in a fresh process (``clemprm.stages.sft.train_sft``, exactly what the ``sft_adapter`` rule runs), so its peak
 RSS is the SFT's own. Both policies then play every built-in game's validation instances with the base rollout
 sampling settings and the same seeds; per game: episodes, % played, success rate and quality (mean BENCH_SCORE
-of played episodes), and their macro averages. Everything is written under ``--out`` (default: a temp dir).
+of played episodes), and their macro averages. Everything is written under ``--workdir``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import multiprocessing
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-log = logging.getLogger("bench_sft")
+from clemprm.bench import Figures, RunFiles
 
 
 def _train_in_child(settings, data, adapter, metrics, cache_dir, log_file):
@@ -60,23 +54,24 @@ def _mean(values):
     return sum(values) / len(values) if values else math.nan
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--config", help="a config file on top of config.yaml")
-    parser.add_argument("--data", help="SFT data parquet (default: results/sft/sft_data.parquet if present)")
-    parser.add_argument("--out", help="output folder (default: a new temp dir)")
+    parser.add_argument("--results", type=Path, help="a run's results folder: its SFT data (default: made here)")
+    parser.add_argument("--data", type=Path, help="an SFT data parquet (instead of --results)")
     parser.add_argument("--episodes", type=int, default=2, help="plays per validation instance and policy")
     parser.add_argument("--skip-play", action="store_true", help="only measure SFT")
-    args = parser.parse_args()
+
+
+def run(args) -> Figures:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s: %(message)s")
 
     from clemprm.config import load_config
     config = load_config(args.config)
-    out = Path(args.out or tempfile.mkdtemp(prefix="bench-sft-"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.workdir
     report = {"config": {k: config[k] for k in ("seed", "model", "base_rollouts", "sft")}}
+    figures = Figures("sft")
 
-    data = args.data or ("results/sft/sft_data.parquet" if Path("results/sft/sft_data.parquet").is_file() else None)
+    data = args.data or (RunFiles(args.results).sft_data() if args.results else None)
     if data is None:
         from clemprm.stages import rollouts
         start = time.perf_counter()
@@ -86,6 +81,7 @@ def main() -> None:
         data = str(out / "sft_data.parquet")
         rollouts.win_filter({"win_filter": config["win_filter"]}, str(episodes), data)
         report["data_seconds"] = round(time.perf_counter() - start, 1)
+        figures.add("SFT data (base rollouts + win filter)", report["data_seconds"], "s")
     report["data"] = str(data)
 
     # SFT in a fresh process: its peak RSS is the SFT's own
@@ -98,7 +94,7 @@ def main() -> None:
     child.start()
     child.join()
     if child.exitcode != 0:
-        sys.exit(f"SFT failed (exit {child.exitcode}); see {out / 'sft.log'}")
+        raise SystemExit(f"SFT failed (exit {child.exitcode}); see {out / 'sft.log'}")
     metrics = json.loads(metrics_path.read_text())
     report["sft"] = {
         "wall_seconds": round(time.perf_counter() - start, 1), "seconds": metrics["seconds"],
@@ -110,11 +106,13 @@ def main() -> None:
         "initial_eval_loss": metrics.get("initial_eval_loss"), "eval_loss": metrics["eval_loss"],
         "initial_eval_token_accuracy": metrics.get("initial_eval_token_accuracy"),
         "eval_token_accuracy": metrics["eval_token_accuracy"], "status": metrics["status"]}
-    print(f"\nSFT: {metrics['status']}, {metrics['steps']} steps over {metrics['examples']['train']} train pairs "
-          f"({metrics['tokens']['train']} tokens), {metrics['seconds']:.0f} s in the job "
-          f"({metrics.get('train_seconds') or 0:.0f} s training), peak RSS {metrics['peak_memory_mb']['rss']:.0f} MB; "
-          f"eval loss {metrics.get('initial_eval_loss')} -> {metrics['eval_loss']}, token accuracy "
-          f"{metrics.get('initial_eval_token_accuracy')} -> {metrics['eval_token_accuracy']}")
+    figures.add("SFT in the job", metrics["seconds"], "s")
+    figures.add("SFT training", metrics.get("train_seconds"), "s")
+    figures.add("SFT peak RSS", metrics["peak_memory_mb"]["rss"], "MB")
+    figures.note(f"SFT: {metrics['status']}, {metrics['steps']} steps over {metrics['examples']['train']} train pairs "
+                 f"({metrics['tokens']['train']} tokens); eval loss {metrics.get('initial_eval_loss')} -> "
+                 f"{metrics['eval_loss']}, token accuracy {metrics.get('initial_eval_token_accuracy')} -> "
+                 f"{metrics['eval_token_accuracy']}")
 
     if not args.skip_play:
         from clemprm.play.catalog import GameCatalog
@@ -137,18 +135,14 @@ def main() -> None:
             report["play"][name] = {"seconds": round(time.perf_counter() - start, 1), "games": per_game(rows)}
             del policy
 
-        print(f"\nvalidation split, {len(instances)} instances x {args.episodes} episodes, "
-              f"temperature {rollout['temperature']}")
-        print(f"{'game':<12} {'policy':<6} {'episodes':>8} {'% played':>9} {'% success':>10} {'quality':>8}")
+        figures.note(f"play: validation split, {len(instances)} instances x {args.episodes} episodes, "
+                     f"temperature {rollout['temperature']}")
         for game in report["play"]["base"]["games"]:
             for name in ("base", "sft"):
                 g = report["play"][name]["games"][game]
-                print(f"{game:<12} {name:<6} {g['episodes']:>8} {g['played']:>9.1f} {g['success']:>10.1f} "
-                      f"{g['quality']:>8.1f}")
+                for key, unit in (("played", "% played"), ("success", "% success"), ("quality", "quality")):
+                    figures.add(f"{game} {name}: {key}", None if math.isnan(g[key]) else g[key], unit)
 
     (out / "bench_sft.json").write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nreport: {out / 'bench_sft.json'}")
-
-
-if __name__ == "__main__":
-    main()
+    figures.note(f"the whole report: {out / 'bench_sft.json'}")
+    return figures

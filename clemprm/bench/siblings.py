@@ -1,7 +1,6 @@
-"""Benchmark: what M sibling candidates per branch point cost (branch points and soft labels), and what the prefix
-store saves, side by side in one run.
+"""What M sibling candidates per branch point cost (branch points and soft labels), and what the prefix store saves.
 
-    python scripts/bench_siblings.py [--model embedded:smollm2-135m-instruct] [--siblings 1 2 4] [--k 2]
+    python -m clemprm.bench siblings [--model embedded:smollm2-135m-instruct] [--siblings 1 2 4] [--k 2]
                                      [--instances 1] [--threads 2]
 
 The policy (the base ``--model``; the pipeline uses the SFT policy, which plays alike in cost) plays ``--instances``
@@ -10,31 +9,32 @@ states. Then, for each M of ``--siblings``: the M - 1 siblings sampled from each
 (:func:`clemprm.stages.labels.with_siblings`, the branch-point stage's part that grows with M), and the K-continuation
 soft labels of all M candidates of every state (:func:`clemprm.stages.labels.label_chunk`, the soft-label stage), once
 with the decoder's prefix store (``model.prefix_cache_mb``: a fork or a game's next turn prefills only its new
-tokens) and once without it. Prints seconds, continuations/s, the cost relative to M = 1, the store's saving, and
-how many states' siblings got different labels (what a PRM trained on siblings can learn from).
+tokens) and once without it, side by side. Reports seconds per state (sibling sampling + labels), continuations/s,
+the cost relative to M = 1, the store's saving, and how many states' siblings got different labels (what a PRM
+trained on siblings can learn from).
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from clemprm.stages import labels
-from clemprm.play.catalog import GameCatalog
+from clemprm.bench import Figures
 from clemprm.config import load_config
-from clemprm.play.engine import RolloutEngine, Sampling
 from clemprm.models.generation import load_policy
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.stages import labels
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="model spec (default: config.yaml's model.spec)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--siblings", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--k", type=int, default=2, help="continuations per candidate")
     parser.add_argument("--instances", type=int, default=1, help="train instances per game")
-    args = parser.parse_args()
 
+
+def run(args) -> Figures:
     config = load_config(overrides={"games": {"max_instances": {"train": args.instances}}})
     model = {**config["model"], "threads": args.threads, **({"spec": args.model} if args.model else {})}
     bp_settings, label_settings = config["branch_points"], {**config["labels"], "k": args.k}
@@ -51,18 +51,17 @@ def main() -> None:
     play_seconds = time.perf_counter() - start
     states = [row for episode in episodes for row in labels.branch_points_of(episode, bp_settings["max_per_episode"],
                                                                                seed)]
-    print(f"model {policy.name}, {args.threads} threads, {len(episodes)} episodes played in {play_seconds:.1f} s, "
-          f"{len(states)} states, K={args.k}, labels max {label_settings['max_new_tokens']} new tokens")
+    figures = Figures("siblings")
+    figures.note(f"model {policy.name}, {args.threads} threads, {len(episodes)} episodes played in {play_seconds:.1f} "
+                 f"s, {len(states)} states, K={args.k}, labels max {label_settings['max_new_tokens']} new tokens")
     store = policy.decoder.prefix_store
-    print(f"{'M':>2} {'candidates':>10} {'siblings s':>10} {'store':>5} {'conts':>6} {'labels s':>9} {'conts/s':>8} "
-          f"{'s/state':>8} {'x M=1':>6} {'states w/ diff. labels':>22}")
-    first = {}
     for m in args.siblings:
         policy.decoder.forget_conversations()
         start = time.perf_counter()
         rows = states if m == 1 else labels.with_siblings(
             engine, labels.BranchPointStates(engine, catalog, policy, seed), states, m, seed)
         sibling_seconds = time.perf_counter() - start
+        figures.add(f"M {m}: sibling sampling", sibling_seconds, "s")
         for use_store in (True, False):
             policy.decoder.prefix_store = store if use_store else None
             policy.decoder.forget_conversations()   # every run starts cold, as the soft-label stage does
@@ -75,14 +74,15 @@ def main() -> None:
             for row in labelled:
                 by_prefix.setdefault(row["prefix_id"], set()).add(row["label"])
             varied = sum(len(values) > 1 for values in by_prefix.values())
-            total = sibling_seconds + seconds
-            first.setdefault(use_store, total)
-            print(f"{m:>2} {len(rows):>10} {sibling_seconds:>10.1f} {'on' if use_store else 'off':>5} "
-                  f"{continuations:>6} {seconds:>9.1f} {continuations / seconds:>8.2f} {total / len(states):>8.2f} "
-                  f"{total / first[use_store]:>6.2f} {varied:>10} of {len(by_prefix)}")
+            name = f"M {m}, store {'on' if use_store else 'off'}"
+            figures.add(f"{name}: continuations/s", continuations / seconds, "continuations/s")
+            figures.add(f"{name}: s/state", (sibling_seconds + seconds) / len(states), "s/state")
+            figures.add(f"{name}: states w/ diff. labels", varied, f"of {len(by_prefix)}")
+            if m != args.siblings[0]:
+                first = f"M {args.siblings[0]}, store {'on' if use_store else 'off'}: s/state"
+                figures.ratio(f"{name}: cost x M={args.siblings[0]}", f"{name}: s/state", first)
+        figures.ratio(f"M {m}: store off / on", f"M {m}, store off: s/state", f"M {m}, store on: s/state")
         policy.decoder.prefix_store = store
-    print("s/state: sibling sampling + labels per state; x M=1: that cost relative to M=1 (same store setting)")
-
-
-if __name__ == "__main__":
-    main()
+    figures.note("s/state: sibling sampling + labels per state; cost x M=1: that cost relative to M=1 (same store "
+                 "setting)")
+    return figures

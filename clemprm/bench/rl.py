@@ -1,28 +1,28 @@
-"""RL benchmarks (figures, not tests): rollout collection and the peak memory of an update against episode length.
+"""RL: lockstep rollout collection vs HF generate, an update's peak memory against episode length, sizing.
 
 1. Rollout collection on SmolLM2 (the embedded default's train instances, ``rl.group_size`` episodes each,
    temperature 0.7): the trainer's lockstep collection (:func:`clemprm.rl.rollouts.collect_groups`: one generate
    call per engine step for every waiting episode) against one episode at a time with plain HF ``generate`` at
    batch 1 (how the SCoRe card's trainer collects), both through the same games and the same adapter-carrying
-   model. Prints episodes/s of each and the ratio; ``--profile``: also a cProfile of the lockstep collection.
+   model. Reports episodes/s of each and the ratio; ``--profile``: also a cProfile of the lockstep collection.
 2. Peak memory of one policy update against episode length: episodes of T turns (each turn a fixed-length prompt
    and answer, so only the number of turns grows), the trainer's per-turn backward against one combined backward
    of the whole episode; each case in a fresh process (peak RSS above the high-water mark of a warm-up update).
-3. ``--sizing ADAPTER``: is the RL stage big enough to change play? From an SFT adapter of the embedded default
-   (e.g. a run's ``results/sft/adapter``), greedy play of the SFT policy on the eval split, then per ``--setting``
+3. ``--sizing``: is the RL stage big enough to change play? From an SFT adapter of the embedded default
+   (``--results``: a run's ``sft/adapter``; or ``--sft-adapter``), greedy play of the SFT policy on the eval split,
+   then per ``--setting``
    (a JSON object of ``rl`` keys, ``algorithm`` among them) the RL stage (:func:`clemprm.rl.trainer.train_rl`) and
    greedy play of its adapter: RL seconds, per-step reward spread (groups whose rewards are all equal, advantage
    statistics), and the greedy episodes whose answers differ from the SFT policy's, with % played, quality and
    success of both and their paired differences with bootstrap CIs (value, low, high; as in ``prm_eval.json``).
 
-    python scripts/bench_rl.py [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
+    python -m clemprm.bench rl [--instances 2] [--group-size 8] [--baseline-episodes 6] [--threads 1]
                                [--turns 1 2 4 8] [--skip-rollouts] [--skip-memory] [--profile]
-    python scripts/bench_rl.py --sizing results/sft/adapter --setting '{"algorithm": "grpo", "steps": 4}' ...
+    python -m clemprm.bench rl --sizing --results results --setting '{"algorithm": "grpo", "steps": 4}' ...
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import os
@@ -30,11 +30,10 @@ import pstats
 import resource
 import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from clemprm.bench import Figures, RunFiles
 
 SPEC = "embedded:smollm2-135m-instruct"
 
@@ -83,7 +82,7 @@ class HFOneAtATime:
         return out
 
 
-def bench_rollouts(args, adapter: str) -> None:
+def bench_rollouts(args, adapter: str, figures: Figures) -> None:
     from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config, rl_params
     from clemprm.play.engine import RolloutEngine
@@ -126,14 +125,13 @@ def bench_rollouts(args, adapter: str) -> None:
         tokens += sum(turn["new_tokens"] for turn in episode.turns)
     baseline_seconds = time.perf_counter() - start
     lockstep_rate, baseline_rate = lockstep_episodes / lockstep_seconds, len(pairs) / baseline_seconds
-    print(json.dumps({"rollouts": {
-        "lockstep": {"episodes": lockstep_episodes, "seconds": round(lockstep_seconds, 1),
-                     "episodes_per_s": round(lockstep_rate, 4),
-                     "tokens_per_s": round(lockstep_tokens / lockstep_seconds, 1)},
-        "hf_generate_one_at_a_time": {"episodes": len(pairs), "seconds": round(baseline_seconds, 1),
-                                      "episodes_per_s": round(baseline_rate, 4),
-                                      "tokens_per_s": round(tokens / baseline_seconds, 1)},
-        "ratio": round(lockstep_rate / baseline_rate, 2), "threads": args.threads}}, indent=1), flush=True)
+    figures.add("lockstep collection", lockstep_rate, "episodes/s")
+    figures.add("HF generate one at a time", baseline_rate, "episodes/s")
+    figures.ratio("lockstep / HF generate", "lockstep collection", "HF generate one at a time")
+    figures.add("lockstep collection tokens/s", lockstep_tokens / lockstep_seconds, "tokens/s")
+    figures.add("HF generate tokens/s", tokens / baseline_seconds, "tokens/s")
+    figures.note(f"rollouts: lockstep {lockstep_episodes} episodes in {lockstep_seconds:.1f} s, HF generate "
+                 f"{len(pairs)} episodes in {baseline_seconds:.1f} s, {args.threads} thread(s)")
 
 
 def memory_case(adapter: str, turns: int, mode: str, threads: int) -> dict:
@@ -171,15 +169,14 @@ def memory_case(adapter: str, turns: int, mode: str, threads: int) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
-def bench_memory(args, adapter: str) -> None:
-    rows = []
+def bench_memory(args, adapter: str, figures: Figures) -> None:
     for turns in args.turns:
         for mode in ("per_turn", "combined"):
-            result = subprocess.run([sys.executable, __file__, "--memory-case", str(turns), mode, "--adapter", adapter,
-                                     "--threads", str(args.threads)], capture_output=True, text=True, check=True)
-            rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(json.dumps(rows[-1]), flush=True)
-    print(json.dumps({"memory": rows}, indent=1))
+            result = subprocess.run([sys.executable, "-m", "clemprm.bench.rl", adapter, str(turns), mode,
+                                     str(args.threads)], capture_output=True, text=True, check=True)
+            row = json.loads(result.stdout.strip().splitlines()[-1])
+            figures.add(f"update of {turns} turn(s), {mode}: peak RSS above warm", row["peak_rss_above_warm_mb"], "MB")
+            figures.add(f"update of {turns} turn(s), {mode}: seconds", row["seconds"], "s")
 
 
 def greedy_play(config: dict, adapter: str, output: str) -> list[dict]:
@@ -214,16 +211,17 @@ def paired_difference(rows: list[dict], baseline: list[dict], config: dict) -> d
             for group, metrics in result.items()}
 
 
-def bench_sizing(args) -> None:
+def bench_sizing(args, sft_adapter: str, figures: Figures) -> None:
     from clemprm.config import load_config
     from clemprm.rl.trainer import train_rl
 
     config = load_config(overrides={"model": {"threads": args.threads}})
-    folder = tempfile.mkdtemp(prefix="clemprm-bench-rl-sizing-")
+    folder = str(args.workdir / "sizing")
     start = time.perf_counter()
-    sft_rows = greedy_play(config, args.sizing, os.path.join(folder, "greedy_sft.parquet"))
+    sft_rows = greedy_play(config, sft_adapter, os.path.join(folder, "greedy_sft.parquet"))
     print(json.dumps({"greedy_sft": {**play_summary(sft_rows), "seconds": round(time.perf_counter() - start, 1)}}),
           flush=True)
+    figures.add("greedy_sft % played", play_summary(sft_rows)["percent_played"], "%")
     sft_answers = {row["episode_id"]: answers(row) for row in sft_rows}
     base_rl = {key: value for key, value in config["rl"].items() if key not in ("algorithm", "algorithms")}
     for index, setting in enumerate(args.setting):
@@ -231,9 +229,14 @@ def bench_sizing(args) -> None:
         settings = {"seed": config["seed"], "model": config["model"], "games": config["games"], "rl": rl}
         out = os.path.join(folder, str(index))
         start = time.perf_counter()
-        metrics = train_rl(settings, args.sizing, os.path.join(out, "adapter"), os.path.join(out, "metrics.json"))
+        metrics = train_rl(settings, sft_adapter, os.path.join(out, "adapter"), os.path.join(out, "metrics.json"))
         rl_seconds = time.perf_counter() - start
         rows = greedy_play(config, os.path.join(out, "adapter"), os.path.join(out, "greedy_rl.parquet"))
+        figures.add(f"setting {index}: RL", rl_seconds, "s")
+        figures.add(f"setting {index}: greedy % played", play_summary(rows)["percent_played"], "%")
+        figures.add(f"setting {index}: episodes changed", sum(answers(row) != sft_answers[row["episode_id"]]
+                                                             for row in rows), f"of {len(rows)}")
+        figures.note(f"setting {index}: {setting}")
         history = metrics["history"]
         groups = len(history[0]["instances"]) * len(history)
         print(json.dumps({"setting": json.loads(setting), "rl_seconds": round(rl_seconds, 1),
@@ -253,8 +256,7 @@ def bench_sizing(args) -> None:
                           "turns": sum(len(answers(row)) for row in rows)}), flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--instances", type=int, default=2, help="train instances per game")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--baseline-episodes", type=int, default=6, help="of those, episodes played one at a time")
@@ -263,29 +265,29 @@ def main() -> None:
     parser.add_argument("--skip-rollouts", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the lockstep collection (1.)")
-    parser.add_argument("--sizing", metavar="SFT_ADAPTER", help="measure whether RL changes greedy play (3.)")
+    parser.add_argument("--sizing", action="store_true", help="measure whether RL changes greedy play (3.)")
+    parser.add_argument("--results", type=Path, help="--sizing: a run's results folder (its SFT adapter)")
+    parser.add_argument("--sft-adapter", help="--sizing: the SFT adapter (instead of --results)")
     parser.add_argument("--setting", action="append", default=[], help="--sizing: a JSON object of rl keys")
-    parser.add_argument("--memory-case", nargs=2, metavar=("TURNS", "MODE"), help=argparse.SUPPRESS)
-    parser.add_argument("--adapter", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+
+
+def run(args) -> Figures:
     import logging
     logging.basicConfig(level=logging.WARNING)
-    if args.memory_case:
-        print(json.dumps(memory_case(args.adapter, int(args.memory_case[0]), args.memory_case[1], args.threads)))
-        return
+    figures = Figures("rl")
+    figures.note("shared machine: figures are pessimistic when other processes compete for the cores")
     if args.sizing:
-        print("shared machine: figures are pessimistic when other processes compete for the cores", flush=True)
-        bench_sizing(args)
-        return
-    folder = os.path.join(tempfile.gettempdir(), "clemprm-bench-rl")
-    os.makedirs(folder, exist_ok=True)
-    adapter = untrained_adapter(folder, args.threads)
-    print("shared machine: figures are pessimistic when other processes compete for the cores", flush=True)
+        if not (args.results or args.sft_adapter):
+            raise SystemExit("--sizing needs the SFT adapter RL starts from: --results DIR or --sft-adapter DIR")
+        bench_sizing(args, args.sft_adapter or str(RunFiles(args.results).sft_adapter()), figures)
+        return figures
+    adapter = untrained_adapter(str(args.workdir), args.threads)   # made once per work folder
     if not args.skip_rollouts:
-        bench_rollouts(args, adapter)
+        bench_rollouts(args, adapter, figures)
     if not args.skip_memory:
-        bench_memory(args, adapter)
+        bench_memory(args, adapter, figures)
+    return figures
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":   # one memory case in a fresh process (bench_memory): ADAPTER TURNS MODE THREADS
+    print(json.dumps(memory_case(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))))

@@ -1,31 +1,30 @@
-"""Benchmark: the lockstep engine vs clemcore's sequential and batchwise runners on the same episodes.
+"""The lockstep engine vs clemcore's sequential and batchwise runners on the same episodes (tiny model).
 
-    python scripts/bench_engine.py [--episodes 64] [--model tiny:0] [--batch-size 64]
+    python -m clemprm.bench engine [--episodes 64] [--model tiny:0] [--batch-size 64] [--repeat 5]
 
 Plays the same episodes (distinct guessnumber + oddoneout instances, greedy decoding) three ways, side by
-side in one run, and prints episodes/s of each and the ratios. Greedy decoding makes the three runs play
-the same games, which the script checks (identical responses). The engine plays all episodes in one run, as
-the pipeline's stages do; clemcore's runners play one game at a time (their API takes one game). Each runner
-is timed ``--repeats`` times, the runners interleaved, and the median is reported (a run takes well under a
-second, so one timing is noisy).
+side in one run, and reports episodes/s of each and the ratios. Greedy decoding makes the three runs play
+the same games, which the benchmark checks (identical responses). The engine plays all episodes in one run, as
+the pipeline's stages do; clemcore's runners play one game at a time (their API takes one game). The runners are
+interleaved ``--repeat`` times (a run takes well under a second, so one timing is noisy). clemcore's runners are
+the test suite's (``tests/clemcore_runners.py``): this benchmark runs from a source checkout.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 
-from clemprm.play.catalog import GameCatalog
-from tests.clemcore_runners import run_clemcore
+from clemprm.bench import Figures
 from clemprm.config import load_config
-from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.models.loader import ModelConfig
 from clemprm.models.generation import PolicyModel
+from clemprm.models.loader import ModelConfig
+from clemprm.play.catalog import GameCatalog
+from clemprm.play.engine import RolloutEngine, Sampling
+
+REPEATS_ITSELF = True
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--model", default="tiny:0")
     parser.add_argument("--threads", type=int, default=2)
@@ -33,10 +32,13 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="0 (default): greedy, so all runners play identical games (checked)")
     parser.add_argument("--batch-size", type=int, default=64, help="clemcore batchwise runner batch size")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per runner (the median is reported)")
     parser.add_argument("--games", nargs="+", default=["guessnumber", "oddoneout"],
                         help="built-in games whose instances are played (episodes split evenly)")
-    args = parser.parse_args()
+    parser.set_defaults(repeat=5)
+
+
+def run(args) -> Figures:
+    from tests.clemcore_runners import run_clemcore
 
     games = load_config(overrides={"games": {"builtin": args.games,
                                              "max_instances": {"train": 1000, "validation": 1000, "test": 1000}}})
@@ -48,8 +50,10 @@ def main() -> None:
     n_episodes = sum(map(len, instances.values()))
     policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), temperature=args.temperature,
                          max_new_tokens=args.max_new_tokens)
-    print(f"model {policy.name}, {n_episodes} episodes ({', '.join(f'{g}: {len(v)}' for g, v in instances.items())}), "
-          f"temperature {args.temperature}, max {args.max_new_tokens} new tokens, {args.threads} threads")
+    figures = Figures("engine")
+    per_game_text = ", ".join(f"{g}: {len(v)}" for g, v in instances.items())
+    figures.note(f"model {policy.name}, {n_episodes} episodes ({per_game_text}), temperature {args.temperature}, "
+                 f"max {args.max_new_tokens} new tokens, {args.threads} threads")
 
     engine = RolloutEngine(catalog, Sampling(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
     for game, game_instances in instances.items():  # warm-up (first-call costs of torch and clemcore), untimed
@@ -69,27 +73,21 @@ def main() -> None:
 
     runs = {"engine": engine_run, "batchwise": lambda: clemcore_run("batchwise"),
             "sequential": lambda: clemcore_run("sequential")}
-    samples, responses = {name: [] for name in runs}, {}
-    for _ in range(args.repeats):
-        for name, run in runs.items():
+    responses = {}
+    for _ in range(args.repeat):
+        for name, play in runs.items():
             policy.decoder.forget_conversations()  # every run starts cold, as a pipeline stage does
             start = time.perf_counter()
-            responses[name] = run()
-            samples[name].append(time.perf_counter() - start)
-    timings = {name: statistics.median(values) for name, values in samples.items()}
-
-    for name, seconds in timings.items():
+            responses[name] = play()
+            figures.add(f"{name} episodes/s", n_episodes / (time.perf_counter() - start), "episodes/s")
+    figures.ratio("engine vs sequential", "engine episodes/s", "sequential episodes/s")
+    figures.ratio("engine vs batchwise", "engine episodes/s", "batchwise episodes/s")
+    for name in runs:
         turns = sum(map(len, responses[name]))  # of the last run: sampled runs may play longer or shorter games
-        print(f"{name:>10}: {seconds:7.3f} s  {n_episodes / seconds:7.2f} episodes/s  {turns:4d} turns  "
-              f"(median of {args.repeats}; range {min(samples[name]):.3f}-{max(samples[name]):.3f} s)")
-    print(f"engine vs sequential: {timings['sequential'] / timings['engine']:.1f}x faster")
-    print(f"engine vs batchwise:  {timings['batchwise'] / timings['engine']:.2f}x faster")
+        figures.note(f"{name}: {turns} turns (last repeat)")
     for runner in ("sequential", "batchwise"):
         if args.temperature > 0:
             break  # sampled: each runner draws its own samples, identical games are not expected
         same = sum(a == b for a, b in zip(responses["engine"], responses[runner]))
-        print(f"identical episodes engine vs {runner}: {same}/{n_episodes}")
-
-
-if __name__ == "__main__":
-    main()
+        figures.note(f"identical episodes engine vs {runner}: {same}/{n_episodes}")
+    return figures

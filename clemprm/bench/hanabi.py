@@ -1,8 +1,7 @@
-"""hanabi figures: the rule-based player vs random play, the cost of the move rating, and (``--smollm2``) the base
-policy on configs/hanabi.yaml's small deck through the engine.
+"""hanabi: the rule-based player vs random play, the move rating's cost, and (``--smollm2``) SmolLM2 base play.
 
-    python scripts/bench_hanabi.py                    # rule-based vs random play on every instance of both decks
-    python scripts/bench_hanabi.py --smollm2 8        # + 8 SmolLM2 base episodes (validation split, small deck)
+    python -m clemprm.bench hanabi                    # rule-based vs random play on every instance of both decks
+    python -m clemprm.bench hanabi --smollm2 8        # + 8 SmolLM2 base episodes (validation split, small deck)
 
 Rule-based and random play run in pure Python on all 70 deck orders per experiment (train + validation + test);
 random play picks a uniformly random legal move (seeded per game). The move rating's cost is the time of
@@ -10,26 +9,22 @@ random play picks a uniformly random legal move (seeded per game). The move rati
 the deduction baseline is the deduction score of answering ``??`` for every card at the same states.
 
 The SmolLM2 run plays the configured model (``--config``, default configs/hanabi.yaml, with its base-rollout
-sampling) on the validation split and prints the per-turn means the game logs (deduction score, exact deduction,
+sampling) on the validation split and reports the per-turn means the game logs (deduction score, exact deduction,
 move rating, format), the fireworks score, % played and turns/s.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import random
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-from clemprm.games import SPLITS, builtin_game_dir  # noqa: E402
-from clemprm.games.hanabi import bot, protocol  # noqa: E402
-from clemprm.games.hanabi.rules import DeckConfig, HanabiState  # noqa: E402
+from clemprm.bench import Figures
+from clemprm.games import SPLITS, builtin_game_dir
+from clemprm.games.hanabi import bot, protocol
+from clemprm.games.hanabi.rules import DeckConfig, HanabiState
 
 RATED_GAMES = 10
 
@@ -57,8 +52,8 @@ def play(config: DeckConfig, deck: str, choose, on_turn=None) -> int:
     return state.score()
 
 
-def rule_based_vs_random() -> None:
-    print("rule-based player vs random play (pure Python, every instance of every split)")
+def rule_based_vs_random(figures: Figures) -> None:
+    figures.note("rule-based player vs random play (pure Python, every instance of every split)")
     for name, (config, decks) in experiments().items():
         rating_seconds, blank_deduction = [], []
 
@@ -74,15 +69,16 @@ def rule_based_vs_random() -> None:
         random_scores = [play(config, deck, lambda s, rng=random.Random(seed): bot.random_move(s, rng))
                          for seed, deck in enumerate(decks)]
         for label, scores in (("rule-based", bot_scores), ("random", random_scores)):
-            print(f"  {name:5s} {label:10s} {len(scores)} games: mean score {statistics.mean(scores):5.2f} of "
-                  f"{config.max_score} (BENCH_SCORE {100 * statistics.mean(scores) / config.max_score:5.1f}), "
-                  f"perfect {sum(s == config.max_score for s in scores)}, zero {sum(s == 0 for s in scores)}")
-        print(f"  {name:5s} move rating: {1000 * statistics.mean(rating_seconds):.1f} ms per turn (mean), "
-              f"{1000 * max(rating_seconds):.1f} ms max, over {len(rating_seconds)} turns; "
-              f"deduction score of an all-?? answer at these states: {statistics.mean(blank_deduction):.3f}")
+            figures.add(f"{name} {label}: mean score", statistics.mean(scores), f"of {config.max_score}")
+            figures.add(f"{name} {label}: BENCH_SCORE", 100 * statistics.mean(scores) / config.max_score, "0-100")
+            figures.note(f"{name} {label}: {len(scores)} games, perfect {sum(s == config.max_score for s in scores)}, "
+                         f"zero {sum(s == 0 for s in scores)}")
+        figures.add(f"{name} move rating", 1000 * statistics.mean(rating_seconds), "ms/turn")
+        figures.note(f"{name} move rating: {1000 * max(rating_seconds):.1f} ms max, over {len(rating_seconds)} turns; "
+                     f"deduction score of an all-?? answer at these states: {statistics.mean(blank_deduction):.3f}")
 
 
-def smollm2(episodes: int, config_path: str) -> None:
+def smollm2(episodes: int, config_path: str, figures: Figures) -> None:
     from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config
     from clemprm.play.engine import RolloutEngine, Sampling
@@ -108,26 +104,31 @@ def smollm2(episodes: int, config_path: str) -> None:
     played = [row for row in rows if not row["aborted"]]
     turns = sum(row["n_turns"] for row in rows)
     experiments = ", ".join(sorted({i.experiment["name"] for i in instances}))
-    print(f"SmolLM2 base ({policy.name}, T={sampling.temperature}, {sampling.max_new_tokens} new tokens, "
-          f"{config['model']['threads']} threads), {len(rows)} validation episodes of {experiments}:")
-    print("  per turn (" + str(len(rewards)) + " answers): " + ", ".join(
-        f"{key} {statistics.mean(r[key] for r in rewards):.3f}" for key in REWARD_KEYS))
-    fireworks = statistics.mean(s for s, r in zip(scores, rows) if not r["aborted"]) if played else math.nan
-    print(f"  played {100 * len(played) / len(rows):.0f}%, success {sum(row['success'] for row in rows)}, "
-          f"fireworks score of played episodes {fireworks:.2f}, "
-          f"BENCH_SCORE {statistics.mean(r['bench_score'] for r in played) if played else math.nan:.1f}")
-    print(f"  {turns} turns in {seconds:.0f} s ({turns / seconds:.2f} turns/s), errors "
-          f"{sum(row['error'] is not None for row in rows)}")
+    figures.note(f"SmolLM2 base ({policy.name}, T={sampling.temperature}, {sampling.max_new_tokens} new tokens, "
+                 f"{config['model']['threads']} threads), {len(rows)} validation episodes of {experiments}, "
+                 f"{len(rewards)} answers, success {sum(row['success'] for row in rows)}, errors "
+                 f"{sum(row['error'] is not None for row in rows)}")
+    for key in REWARD_KEYS:
+        figures.add(f"SmolLM2 per turn: {key}", statistics.mean(r[key] for r in rewards), "mean")
+    figures.add("SmolLM2 played", 100 * len(played) / len(rows), "%")
+    figures.add("SmolLM2 fireworks score (played)",
+                statistics.mean(s for s, r in zip(scores, rows) if not r["aborted"]) if played else None, "mean")
+    figures.add("SmolLM2 BENCH_SCORE (played)", statistics.mean(r["bench_score"] for r in played) if played else None,
+                "0-100")
+    figures.add("SmolLM2 turns/s", turns / seconds, "turns/s")
     example = next((turn for row in rows for turn in row["turns"]), None)
     if example:
-        print("  first answer:", repr(example["response"]))
+        figures.note(f"SmolLM2 first answer: {example['response']!r}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--smollm2", type=int, default=0, metavar="EPISODES", help="also play SmolLM2 base episodes")
     parser.add_argument("--config", default="configs/hanabi.yaml")
-    args = parser.parse_args()
-    rule_based_vs_random()
+
+
+def run(args) -> Figures:
+    figures = Figures("hanabi")
+    rule_based_vs_random(figures)
     if args.smollm2:
-        smollm2(args.smollm2, args.config)
+        smollm2(args.smollm2, args.config, figures)
+    return figures

@@ -1,29 +1,27 @@
-"""hanabi RL figures: SmolLM2 base vs the RL-trained policy of configs/hanabi.yaml, side by side, and the RL run's
-reward curves.
+"""hanabi RL: SmolLM2 base vs the RL-trained policy of configs/hanabi.yaml, side by side, and the RL run's curves.
 
     snakemake -c2 --configfile configs/hanabi.yaml -- results/merged/rl_grpo     # the RL stage, merged and verified
-    python scripts/bench_hanabi_rl.py [--trained results/merged/rl_grpo] [--metrics results/rl/grpo/metrics.json]
+    python -m clemprm.bench hanabi_rl [--results results] [--algorithm grpo]
 
-Both policies answer the same validation states (the rule-based player's self-play on the validation split, the
+The trained policy is the run's ``merged/rl_ALGORITHM`` under ``--results``. Both policies answer the same
+validation states (the rule-based player's self-play on the validation split, the
 prompt set the RL stage trains on, but of held-out deck orders; ``--max-per-episode`` states per game) ``--samples``
 times each at the RL stage's sampling (``rl.temperature``, ``rl.max_new_tokens``, seeded per state and sample), and
 play every validation instance once greedily as whole games. Per answer the game's own per-turn scores (deduction
 score, exact deduction, move rating, format) and the weighted reward the RL stage trains on; per game the fireworks
 score (0 for an aborted game) and % played. The trained policy is the merged checkpoint (a plain model folder), so
-this also checks that it plays. The curves are the per-step means of metrics.json (mean of the first and last
-steps, and every step).
+this also checks that it plays. The curves are the per-step means of the run's ``rl/ALGORITHM/metrics.json`` (mean
+of the first and last steps, and every step).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from clemprm.bench import Figures, RunFiles
 
 SCORES = ("deduction", "exact_deduction", "move_rating", "format")
 
@@ -75,16 +73,17 @@ def measure(label: str, model_settings: dict, config: dict, states: list[dict], 
     return result
 
 
-def print_table(results: list[dict], max_score: int) -> None:
-    print(f"{'policy':34} {'answers':>7} {'deduction':>9} {'exact':>6} {'move':>6} {'format':>6} {'reward':>6} | "
-          f"{'games':>5} {'fireworks':>9} {'played':>6} {'turns':>5} {'s':>5}")
+def add_to(figures: Figures, results: list[dict], max_score: int) -> None:
     for r in results:
-        print(f"{r['label']:34} {r['answers']:7d} {r['deduction']:9.3f} {r['exact_deduction']:6.3f} "
-              f"{r['move_rating']:6.3f} {r['format']:6.3f} {r['reward']:6.3f} | {r['games']:5d} "
-              f"{r['fireworks']:6.2f}/{max_score} {r['played']:5.0f}% {r['turns_per_game']:5.1f} {r['seconds']:5.0f}")
+        for key in SCORES + ("reward",):
+            figures.add(f"{r['label']}: {key}", r[key], "mean per answer")
+        figures.add(f"{r['label']}: fireworks", r["fireworks"], f"of {max_score}")
+        figures.add(f"{r['label']}: played", r["played"], "%")
+        figures.add(f"{r['label']}: turns per game", r["turns_per_game"], "turns")
+        figures.add(f"{r['label']}: seconds", r["seconds"], "s")
 
 
-def print_curves(metrics_path: str) -> None:
+def print_curves(metrics_path: Path) -> None:
     metrics = json.loads(open(metrics_path).read())
     history = metrics["history"]
     first, last = history[: max(1, len(history) // 4)], history[-max(1, len(history) // 4):]
@@ -107,36 +106,37 @@ def print_curves(metrics_path: str) -> None:
               f"{s['grad_norm']:7.3f} {s['seconds']['rollouts'] + s['seconds']['update']:5.0f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--config", default="configs/hanabi.yaml")
-    parser.add_argument("--trained", default="results/merged/rl_grpo", help="the merged RL checkpoint (a model folder)")
-    parser.add_argument("--metrics", default="results/rl/grpo/metrics.json")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="the hanabi run's results folder")
+    parser.add_argument("--algorithm", default="grpo",
+                        help="the RL run: merged/rl_ALGORITHM, rl/ALGORITHM/metrics.json")
     parser.add_argument("--max-per-episode", type=int, default=2, help="validation states per game")
     parser.add_argument("--samples", type=int, default=2, help="answers per state and policy")
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
 
-    from clemprm.play.catalog import GameCatalog
+
+def run(args) -> Figures:
     from clemprm.config import load_config
     from clemprm.games.hanabi.rules import DeckConfig
+    from clemprm.play.catalog import GameCatalog
     from clemprm.stages.rl_states import self_play_states
 
+    run_files = RunFiles(args.results)
+    trained_path = str(run_files.merged(f"rl_{args.algorithm}"))
     config = load_config(args.config)
     catalog = GameCatalog(config["games"])
     states = self_play_states(catalog, "validation", args.max_per_episode)
     base = {**config["model"], "threads": args.threads}
-    trained = {**base, "spec": args.trained, "adapter": None}
-    results = [measure(f"base {config['model']['spec']}", base, config, states, args.samples),
-               measure(f"RL-trained {args.trained}", trained, config, states, args.samples)]
+    trained = {**base, "spec": trained_path, "adapter": None}
+    results = [measure("base", base, config, states, args.samples),
+               measure("RL-trained", trained, config, states, args.samples)]
     max_score = max(DeckConfig.from_experiment(instance.experiment).max_score
                     for instance in catalog.instances("hanabi", "validation"))
-    print(f"hanabi validation: {len(states)} states x {args.samples} answers (T={config['rl']['temperature']}), "
-          f"{results[0]['games']} greedy games; {args.threads} thread(s)")
-    print_table(results, max_score)
-    if os.path.exists(args.metrics):
-        print_curves(args.metrics)
-
-
-if __name__ == "__main__":
-    main()
+    figures = Figures("hanabi_rl")
+    add_to(figures, results, max_score)
+    figures.note(f"base {config['model']['spec']}, RL-trained {trained_path}; hanabi validation: {len(states)} "
+                 f"states x {args.samples} answers (T={config['rl']['temperature']}), {results[0]['games']} greedy "
+                 f"games; {args.threads} thread(s)")
+    print_curves(run_files.rl_metrics(args.algorithm))
+    return figures

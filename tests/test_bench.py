@@ -1,0 +1,73 @@
+"""The benchmarks' one door (clemprm.bench): every benchmark is listed, one runs on the tiny model and writes its
+figures as JSON (min / median / max over the repeats, ratios taken per repeat), and the shared parts (Figures,
+RunFiles) keep their promises."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clemprm.bench import Figures, RunFiles
+from clemprm.bench.__main__ import main
+
+# the benchmarks that were scripts/bench_*.py and scripts/clembench_suite.py before the door
+BENCHMARKS = {"clembench_suite", "distributed", "engine", "generation", "hanabi", "hanabi_rl", "k_first", "labels",
+              "merge", "prm", "prm_training", "probe", "rl", "score", "sft", "siblings", "vllm"}
+
+
+def test_the_list_names_every_benchmark_with_what_it_measures(capsys):
+    main(["--list"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert {line.split()[0] for line in lines} == BENCHMARKS
+    assert all(len(line.split()) > 3 for line in lines)   # each with a sentence
+
+
+def test_the_engine_benchmark_on_the_tiny_model_writes_its_figures(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    main(["engine", "--episodes", "4", "--repeat", "2", "--workdir", str(tmp_path / "work"), "--json", str(out)])
+    printed = capsys.readouterr().out
+    written = json.loads(out.read_text())
+    assert written["benchmark"] == "engine" and set(written["machine"]) == {"cpus", "load_average"}
+    figures = written["figures"]
+    assert set(figures) == {"engine episodes/s", "batchwise episodes/s", "sequential episodes/s",
+                            "engine vs sequential", "engine vs batchwise"}
+    for figure in figures.values():
+        assert len(figure["samples"]) == 2                                   # a sample per repeat
+        assert figure["min"] <= figure["median"] <= figure["max"]
+        assert figure["median"] == pytest.approx(sum(figure["samples"]) / 2)
+    ratio = figures["engine vs sequential"]
+    assert ratio["ratio_of"] == ["engine episodes/s", "sequential episodes/s"]
+    assert ratio["samples"] == pytest.approx([a / b for a, b in zip(figures["engine episodes/s"]["samples"],
+                                                                    figures["sequential episodes/s"]["samples"])])
+    assert "identical episodes engine vs sequential: 4/4" in written["notes"]       # greedy: the same games
+    assert "== engine: 2 repeat(s); min / median / max over the repeats" in printed
+
+
+def test_a_ratio_pairs_the_samples_of_one_repeat_and_needs_both():
+    figures = Figures("demo")
+    for a, b in ((2.0, 1.0), (9.0, 3.0), (4.0, 4.0)):   # A B, A B, A B
+        figures.add("a", a, "s")
+        figures.add("b", b, "s")
+    figures.ratio("a / b", "a", "b")
+    summary = figures.as_json()["figures"]["a / b"]
+    assert summary["samples"] == [2.0, 3.0, 1.0] and (summary["min"], summary["median"], summary["max"]) == (1, 2, 3)
+    figures.add("c", 1.0)
+    with pytest.raises(ValueError, match="a ratio needs both measured in every repeat"):
+        figures.ratio("a / c", "a", "c")
+
+
+def test_a_benchmark_repeated_whole_keeps_a_sample_per_repeat():
+    first, second = Figures("demo"), Figures("demo")
+    first.add("x", 1.0, "s")
+    second.add("x", 3.0, "s")
+    first.merge(second)
+    assert first.as_json()["figures"]["x"]["samples"] == [1.0, 3.0]
+
+
+def test_an_unknown_benchmark_and_a_missing_run_file_say_what_to_do(tmp_path):
+    with pytest.raises(SystemExit, match=r"no benchmark 'nope': one of .*engine.* \(python -m clemprm.bench --list\)"):
+        main(["nope"])
+    with pytest.raises(SystemExit, match=r"labels/soft_labels.parquet does not exist: --results names a pipeline's "
+                                         r"results folder whose gather_soft_labels rule has run"):
+        RunFiles(tmp_path).soft_labels()
