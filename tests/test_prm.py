@@ -61,8 +61,9 @@ def synthetic_rows() -> list[dict]:
     return rows
 
 
-def prm_settings(**prm_overrides) -> dict:
-    config = tiny_config(prm={"warmup_ratio": 0.0, "max_examples": None, **prm_overrides})
+def prm_settings(merge: dict | None = None, **prm_overrides) -> dict:
+    config = tiny_config(prm={"warmup_ratio": 0.0, "max_examples": None, **prm_overrides},
+                         **({"merge": merge} if merge else {}))
     return {name: config[name] for name in ("seed", "model", "prm")}
 
 

@@ -23,7 +23,9 @@ PROBE = {"layers": [-1, -2], "window": 8, "l2": [0.01, 1.0], "combination": ["va
 
 
 def probe_settings(**prm_overrides) -> dict:
-    return prm_settings(**{"kind": "probe", "probe": PROBE, "validation_fraction": 0.25, **prm_overrides})
+    """:func:`tests.test_prm.prm_settings` of a probe (a probe is nothing to merge: no prm in merge.adapters)."""
+    return prm_settings(**{"kind": "probe", "probe": PROBE, "validation_fraction": 0.25, **prm_overrides},
+                        merge={"adapters": ["sft"]})
 
 
 def pairs_of(rows) -> list[Pair]:

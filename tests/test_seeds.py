@@ -153,7 +153,8 @@ def blind_summary(accuracy: float, regret: float, quality: float) -> dict:
 
 
 PROBE = {"config": {"prm": {"kind": "probe"}}}   # the probe PRM stage's metrics.json, as far as the table reads it
-LORA = {"config": {"prm": {"kind": "lora"}}, "verdicts": {"side": "validation", "n": 64, "accepted": 40, "auroc": 0.58}}
+LORA = {"config": {"prm": {"kind": "lora"}},
+        "verdicts": {"side": "validation", "n": 64, "accepted": 40, "auroc": 0.58}}
 
 
 def test_a_probe_run_is_tabulated_as_its_own_regime_with_each_figure_and_its_interval():
