@@ -65,12 +65,8 @@ INTERACTIONS = pa.schema([
     ])),
 ])
 
-# One row per LLM turn of the SFT policy's trajectories (``branch_points``): the prefix the player saw and its answer.
-BRANCH_POINT_FIELDS = [
-    ("bp_id", pa.string()),            # "<episode_id>/<turn_idx>", a sibling "<episode_id>/<turn_idx>/s<j>"
-    ("prefix_id", pa.string()),        # "<episode_id>/<turn_idx>": the state the candidate answers; siblings
-                                       # (branch_points.siblings) share it
-    ("episode_id", pa.string()),
+# Where a turn was played: its instance (game, experiment, game_id), split, turn and player (branch points, answers).
+TURN_PLACE_FIELDS = [
     ("game", pa.string()),
     ("experiment", pa.string()),
     ("game_id", pa.int64()),
@@ -78,6 +74,15 @@ BRANCH_POINT_FIELDS = [
     ("turn_idx", pa.int32()),
     ("player", pa.string()),
     ("game_role", pa.string()),
+]
+
+# One row per LLM turn of the SFT policy's trajectories (``branch_points``): the prefix the player saw and its answer.
+BRANCH_POINT_FIELDS = [
+    ("bp_id", pa.string()),            # "<episode_id>/<turn_idx>", a sibling "<episode_id>/<turn_idx>/s<j>"
+    ("prefix_id", pa.string()),        # "<episode_id>/<turn_idx>": the state the candidate answers; siblings
+                                       # (branch_points.siblings) share it
+    ("episode_id", pa.string()),
+    *TURN_PLACE_FIELDS,
     ("prefix", MESSAGES),              # the player's perspective before the candidate (roles merged)
     ("candidate", pa.string()),        # the answer the policy gave there
     ("history", pa.list_(pa.string())),  # every answer of the episode up to and including the candidate
@@ -137,13 +142,7 @@ ANSWERS = pa.schema([
     ("source", pa.string()),           # the first stage that played it (ANSWER_SOURCES, in pipeline order)
     ("episode_id", pa.string()),       # that first play's episode (a sibling: its bp_id; a continuation:
                                        # "<bp_id>/k<j>")
-    ("game", pa.string()),
-    ("experiment", pa.string()),
-    ("game_id", pa.int64()),
-    ("split", pa.string()),
-    ("turn_idx", pa.int32()),
-    ("player", pa.string()),
-    ("game_role", pa.string()),
+    *TURN_PLACE_FIELDS,
     ("messages", MESSAGES),            # the player's perspective before the answer (roles merged)
     ("response", pa.string()),         # the answer
     ("parse_ok", pa.bool_()),          # the game's verdict: True accepted, False a rule violation
