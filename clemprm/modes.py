@@ -26,6 +26,9 @@ BEAM_KEYS = ("beam_width", "num_beam_iterations", "aggregation")
 # what a PRM reads (prm.input) -> the regime of the searches that can show it that: a blind search shows the candidate
 # alone; a lookahead search has played it in a fork and can show the game's reply too
 PRM_INPUT_REGIMES = {"candidate": "blind", "candidate_with_reply": "lookahead"}
+# what kind of PRM a run trains (prm.kind), the default first: the card's LoRA sequence classifier, or a probe on the
+# policy's hidden states
+PRM_KINDS = ("lora", "probe")
 
 SFT_ADAPTER = "results/sft/adapter"
 PRM_ADAPTER = "results/prm/adapter"

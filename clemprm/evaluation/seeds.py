@@ -40,7 +40,7 @@ import numpy as np
 
 from clemprm.config import ConfigError, read_config_file
 from clemprm.evaluation.console import SummaryError, read_summary
-from clemprm.modes import MODES, PRM_INPUT_REGIMES
+from clemprm.modes import MODES, PRM_INPUT_REGIMES, PRM_KINDS   # a regime names any kind but the first (blind-probe)
 from clemprm.stats import OVERALL, mean_over_seeds
 
 MIN_SEEDS = 3   # a claim is judged on the mean over at least this many seeds
@@ -53,7 +53,6 @@ DIFFERENCE_METRICS = ("percent_played", "quality")
 RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
                      "lookahead": ("candidate_length", "policy_logprob", "constant_mean", "rule")}
 REFERENCES = {"blind": ("acceptance",), "lookahead": ()}   # tabulated, not claimed against
-PRM_KINDS = ("lora", "probe")   # prm.kind, the default first: a regime's name carries any other (blind-probe)
 KIND_DIFFERENCE = "probe-lora"   # <regime>/ranking/probe-lora/<metric>: the probe PRM's figure minus the LoRA PRM's
 SEARCH_CONTROLS = {   # regime -> search -> its controls
     "blind": {"best_of_n": ("random_of_n", "best_of_n_logprob")},

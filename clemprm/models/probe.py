@@ -35,7 +35,6 @@ from pathlib import Path
 from clemprm.models.loader import ModelConfig, policy_settings, resolve_dtype
 from clemprm.models.scoring import micro_batches, pad_right
 
-KINDS = ("lora", "probe")          # prm.kind
 COMBINATIONS = ("value", "product")  # prm.probe.combination candidates
 CONFIG_NAME = "probe_config.json"
 WEIGHTS_NAME = "probe.safetensors"
