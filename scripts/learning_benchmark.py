@@ -22,6 +22,8 @@ Each seed's row names the commit that ran it; ``--add`` joins the rows of tables
 cluster job, an earlier run) to the table; a regime run here replaces that regime's figures of a joined seed.
 The arguments are checked before any seed runs (config files, ``--add`` tables, the run a regime starts from); a
 seed without a summary is a warning, and a table with nothing measured an error (:mod:`clemprm.evaluation.seeds`).
+A seed whose pipeline fails is named with its exit status (its error is above it), its later regimes are skipped
+and the other seeds run; the table is written for what was measured and the script exits 1 naming every failure.
 """
 
 from __future__ import annotations
@@ -65,6 +67,26 @@ def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
     return summary
 
 
+def run_seeds(args: argparse.Namespace, regimes: list[str]) -> list[str]:
+    """Every seed in every regime (blind first); returns what failed. A seed whose pipeline fails is reported by its
+    last lines and the run's log, and its later regimes are skipped (each starts from the one before); the other
+    seeds go on: hours of other seeds' runs are not lost to one failure."""
+    failed = []
+    for seed in args.seeds:
+        for regime in regimes:
+            try:
+                run_seed(seed, regime, args)
+            except subprocess.CalledProcessError as error:
+                logs = seeds.seed_dir(Path(args.workdir), seed, regime) / ".snakemake" / "log"
+                failed.append(f"seed {seed}, {regime}: snakemake failed (exit status {error.returncode}; its error is "
+                              f"above, Snakemake's log of the run in {logs}/)"
+                              + (f", so {', '.join(regimes[regimes.index(regime) + 1:])} did not run"
+                                 if regime != regimes[-1] else ""))
+                print(f"[learning benchmark] {failed[-1]}", file=sys.stderr, flush=True)
+                break
+    return failed
+
+
 def commit() -> str:
     """The commit of the code that runs the seeds (``-dirty`` when it has uncommitted changes)."""
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
@@ -93,16 +115,15 @@ def main() -> None:
     out, regimes = Path(args.workdir), seeds.regimes_in_order(args.regimes)   # blind first
     lookahead = any(seeds.split_regime(regime)[0] == "lookahead" for regime in regimes)
     configs = {"--config": args.config, **({"--lookahead": args.lookahead} if lookahead else {})}
+    failed = []
     try:   # the arguments checked before any seed runs
         added = seeds.read_added(args.add)
         if not args.table_only:
             seeds.check_plan(out, args.seeds, regimes, configs)
-            for seed in args.seeds:
-                for regime in regimes:
-                    run_seed(seed, regime, args)
+            failed = run_seeds(args, regimes)
         rows, warnings = seeds.measured_rows(out, args.seeds, regimes, added)
     except seeds.BenchmarkError as error:
-        sys.exit(f"learning_benchmark.py: {error}")
+        sys.exit("learning_benchmark.py: " + "; ".join([*failed, str(error)]))
     for warning in warnings:
         print(f"learning_benchmark.py: WARNING: {warning}", file=sys.stderr)
     table = seeds.seeds_table(rows)
@@ -110,6 +131,8 @@ def main() -> None:
     (out / "seeds.json").write_text(json.dumps(table, indent=1, sort_keys=True, allow_nan=True) + "\n")
     (out / "seeds.md").write_text(seeds.markdown(table))
     print(seeds.markdown(table))
+    if failed:
+        sys.exit("learning_benchmark.py: " + "; ".join(failed))
 
 
 if __name__ == "__main__":

@@ -219,6 +219,22 @@ def test_benchmark_checks_its_configs_and_the_lookahead_runs_start_before_any_se
     assert "run --regimes blind lookahead" in result.stderr and not (tmp_path / "runs").exists()
 
 
+def test_a_seed_whose_pipeline_fails_is_named_and_the_other_seeds_still_run(tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text("sft: {epochs: many}\n")   # read as a config file; the Snakefile's parse refuses it
+    result = benchmark(tmp_path, "--seeds", "7", "11", "--regimes", "blind", "blind-probe", "--config", str(config))
+    assert result.returncode == 1 and "Traceback" not in result.stderr.split("learning_benchmark.py: ")[-1]
+    assert "[learning benchmark] seed 11, blind: " in result.stdout   # seed 7's failure did not stop seed 11
+    last = result.stderr.strip().splitlines()[-1]
+    for seed in (7, 11):
+        assert (f"seed {seed}, blind: snakemake failed (exit status 1; its error is above, Snakemake's log of the run "
+                f"in {seeds.seed_dir(tmp_path / 'runs', seed, 'blind')}/.snakemake/log/), so blind-probe did not run"
+                in last)
+    assert "[learning benchmark] seed 7, blind-probe" not in result.stdout
+    assert "; nothing to tabulate: no seed of --seeds 7 11 has a prm_eval.json" in last
+    assert "config key 'sft.epochs': 'many' is not of type 'number'" in result.stderr   # the seed's own error
+
+
 def test_benchmark_regimes_run_blind_first_and_a_missing_run_is_a_warning(tmp_path):
     assert seeds.regimes_in_order(["lookahead", "blind"]) == ["blind", "lookahead"]
     workdir = tmp_path / "runs"
