@@ -154,6 +154,18 @@ ANSWERS = pa.schema([
     ("bench_score", pa.float64()),     # mean BENCH_SCORE of the plays ended won or lost; NaN when none
 ])
 
+# The trained PRM's predictions (``results/prm/predictions.parquet``, rule prm_adapter): one row per soft-label row it
+# scored after training, on every side; the training record (steps, losses, examples...) in the provenance
+# (``training``). Rule prm_metrics computes the metrics, baselines and gate from them with no model.
+PRM_PREDICTIONS = pa.schema([
+    ("row", pa.int64()),               # the soft-label row (its index in results/labels/soft_labels.parquet)
+    ("bp_id", pa.string()),            # that row's bp_id (checked against the labels read beside it)
+    ("side", pa.string()),             # train | validation (the slice of train instances) | heldout
+    ("prediction", pa.float64()),      # the PRM's value in [0, 1] (NaN: a diverged PRM)
+    ("policy_logprob", pa.float64()),  # the SFT policy's mean token log-probability of the candidate (a baseline);
+                                       # null where no baseline reads it
+])
+
 # A turn where a search chose, on the path it played (eval episodes' ``choices``).
 CHOICE = pa.struct([
     ("turn_idx", pa.int32()),          # the turn the chosen candidate was played as
@@ -217,7 +229,8 @@ PRODUCING_RULES = (("results/rollouts/", "base_rollouts"), ("results/sft/sft_dat
                    ("results/labels/shards/", "soft_labels"),
                    ("results/labels/soft_labels.parquet", "gather_soft_labels"),
                    ("results/labels/answers.parquet", "gather_answers"), ("results/labels/", "branch_points"),
-                   ("results/eval/", "eval_mode"), ("results/states/", "rl_states"))
+                   ("results/eval/", "eval_mode"), ("results/states/", "rl_states"),
+                   ("results/prm/predictions.parquet", "prm_adapter"))
 """The rule that writes the record files under each path (the first prefix that matches; rules/*.smk)."""
 
 

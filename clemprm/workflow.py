@@ -70,7 +70,8 @@ RUN_KEYS = ("model.threads", "labels.shards", "labels.checkpoint_every", "prm.bo
 """Config keys that say how fast a job runs or what it does when something fails, not what it writes: in no rule's
 params, so changing one reruns nothing (docs/configuration.md, "What a changed key reruns"). ``prm.bootstrap_samples``
 only sets how many resamples estimate the same intervals of the PRM's held-out ranking; ``prm.gate.on_failure``, like
-``on_failure``, what a failed gate does (the verdict itself, by ``prm.ci`` and the gate's thresholds, is a trigger).
+``on_failure``, what a failed gate does (the verdict itself, by ``prm.ci`` and the gate's thresholds, is a trigger of
+rule ``prm_metrics``).
 ``labels.shards`` still names the shard files, so a new count remakes the labels: Snakemake makes each missing file."""
 
 PLAYED_SPLITS = {   # rule -> the splits whose instances its jobs play: games.max_instances of the others is no trigger
@@ -85,8 +86,15 @@ PLAYED_SPLITS = {   # rule -> the splits whose instances its jobs play: games.ma
     "eval_mode": lambda config: {config["eval"]["split"]},
 }
 
-UNREAD_SECTIONS = {   # rule -> sections in its settings (its provenance) that its outputs do not depend on
+MEASURING_KEYS = ("prm.ci", "prm.gate")
+"""How the trained PRM is measured and judged (the intervals' level, the gate's thresholds): rule ``prm_metrics``'s
+params, and no trigger of the rules that train, search with or merge the PRM (they read the ``prm`` section)."""
+
+UNREAD_SECTIONS = {   # rule -> sections or keys in its settings (its provenance) that its outputs do not depend on
     "eval_summary": ("model", "games"),   # it reads the modes' episodes (inputs), which the model and games made
+    "prm_adapter": MEASURING_KEYS,
+    "eval_mode": MEASURING_KEYS,
+    "merge": MEASURING_KEYS,
 }
 
 

@@ -9,8 +9,13 @@ from clemprm.modes import MODES, SELF_CORRECT, upstream_outputs
 
 def eval_mode_inputs(wc):
     """The files mode ``wc.mode`` reads (its row's inputs), and the playpen-data instance list when set (its content
-    then triggers reruns)."""
-    return {"instance_list": config["games"]["instance_list"] or [], **MODES[wc.mode].inputs}
+    then triggers reruns). A mode that searches with the PRM also waits for its metrics (rule prm_metrics: a failed
+    gate under prm.gate.on_failure: stop fails there), as ancient: remade metrics (a new prm.ci or gate threshold)
+    rerun no search."""
+    inputs = {"instance_list": config["games"]["instance_list"] or [], **MODES[wc.mode].inputs}
+    if "prm_adapter" in inputs:
+        inputs["prm_metrics"] = ancient("results/prm/metrics.json")
+    return inputs
 
 
 rule eval_mode:

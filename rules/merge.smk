@@ -19,7 +19,9 @@ def merge_inputs(wildcards):
         # the SFT stage's extra data is part of its validation split: an input file when set
         return {"adapter": adapter, "data": "results/sft/sft_data.parquet",
                 "extra_data": config["sft"]["extra_data"] or []}
-    return {"adapter": adapter, "data": "results/labels/soft_labels.parquet"}
+    # the PRM: after its metrics (a failed gate under prm.gate.on_failure: stop fails there), which rerun no merge
+    return {"adapter": adapter, "data": "results/labels/soft_labels.parquet",
+            "metrics": ancient("results/prm/metrics.json")}
 
 
 rule merge:

@@ -153,8 +153,8 @@ records.write_records(work / "soft_labels.parquet", test_prm.synthetic_rows(), r
 for name, train in (("sft", lambda: sft.train_sft(settings, str(work / "sft_data.parquet"), str(work / "sft_adapter"),
                                                   str(work / "sft_metrics.json"), cache)),
                     ("prm", lambda: prm.train_prm(settings, str(work / "soft_labels.parquet"),
-                                                  str(work / "prm_adapter"), str(work / "prm_metrics.json"), cache,
-                                                  on_failure="continue"))):
+                                                  str(work / "prm_adapter"), str(work / "prm_predictions.parquet"),
+                                                  cache))):
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     metrics = train()

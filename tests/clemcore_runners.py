@@ -58,7 +58,8 @@ def run_clemcore(runner: str, benchmark, instances: list[Instance], model,
 
 def run_clemcore_branching(roots: list, k: int, aborted_value: float) -> list[list[float]]:
     """Soft-label continuations with clemcore's branching runner: from each root episode (a branch point's
-    state, see :class:`clemprm.stages.labels.BranchPointStates`) ``k`` branches are played to the end one at a time.
+    state, see :class:`clemprm.stages.branch_points.BranchPointStates`) ``k`` branches are played to the end one at a
+    time.
     Returns each root's continuation scores (0-100; an aborted one ``aborted_value`` x 100)."""
     import copy
     import math

@@ -115,7 +115,7 @@ def _scripted_policy_class():
     from clemcore.backends import BatchGenerativeModel
     from clemcore.backends.model_registry import ModelSpec
 
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     class ScriptedPolicy(BatchGenerativeModel):
         """A policy whose answer is ``answer(messages)``: real games, known moves. Records each generate call."""

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from clemprm import records
-from clemprm.stages import answers, labels, rollouts
+from clemprm.stages import answers, branch_points, labels, rollouts
 from tests.conftest import binary_search_answer, tiny_config
 
 
@@ -38,7 +38,7 @@ def played(tmp_path_factory, scripted_policy):
     policy = seen_policy(scripted_policy, seen)
     paths = {name: str(folder / f"{name}.parquet") for name in ("base", "sft", "bp", "out")}
     rollouts.base_rollouts(settings, paths["base"], policy=policy)
-    labels.branch_points(settings, None, paths["sft"], paths["bp"], policy=policy)
+    branch_points.branch_points(settings, None, paths["sft"], paths["bp"], policy=policy)
     shards = [str(folder / f"{s}-of-2.parquet") for s in range(2)]
     for shard, path in enumerate(shards):
         labels.soft_labels_shard(settings, paths["bp"], None, shard, 2, path, policy=policy)

@@ -26,9 +26,10 @@ from clemprm.checks.run_time import StageFailure, check_instances, read_failure_
 from clemprm.config import eval_mode_params, load_config, rl_params, sections
 from clemprm.evaluation import evaluate, report
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.rl import trainer as rl_trainer
-from clemprm.stages import labels, rollouts, sft
+from clemprm.stages import branch_points, continuation_scores, labels, rollouts, sft
 from tests import test_workflow as workflow
 from tests.conftest import tiny_config
 
@@ -336,7 +337,7 @@ def test_game_randomness_is_per_episode_and_replays(checkout, scripted_policy, t
     assert len({r["turns"][0]["messages"][-1]["content"] for r in first}) > 1  # the draws differ by episode
     settings = labels_settings(config, k=3)
     bp_path = tmp_path / "bp.parquet"
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
     assert len(rows) == len(records.read_records(bp_path)) > 0  # every replay reproduced its branch point
     # the continuations draw their own coins: a branch point's label is a mean over several outcomes
@@ -348,8 +349,9 @@ def test_a_game_drawing_from_an_unseeded_source_fails_the_shard_naming_it(checko
     settings = labels_settings(config)
     bp_path = tmp_path / "bp.parquet"
     policy = scripted_policy(answer("go"))
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
-    with pytest.raises(labels.ReplayDivergence, match="game private_coins: replaying branch point private_coins/"):
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    with pytest.raises(branch_points.ReplayDivergence,
+                       match="game private_coins: replaying branch point private_coins/"):
         labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
 
 
@@ -367,7 +369,7 @@ def test_the_partial_score_is_the_games_scorer_on_the_episode_closed_as_lost(che
     settings = labels_settings(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
     policy = scripted_policy(answer("WIN"))
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
     by_turn = {turn: [row for row in rows if row["turn_idx"] == turn] for turn in range(3)}
     assert all(by_turn.values())
@@ -383,8 +385,8 @@ def test_a_partial_bench_score_that_raises_is_counted_and_the_shard_survives(che
     settings = labels_settings(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
     policy = scripted_policy(answer("WIN"))
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
-    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
     # 3 rounds, cap 1: continuations from round 1 are capped after round 2 and their partial score raises (those
     # branch points keep no label); from round 2 they finish the game and are scored as usual
@@ -401,13 +403,14 @@ def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answ
     catalog = GameCatalog(config["games"])
     engine = RolloutEngine(catalog, Sampling())
     fresh = engine.start(catalog.instances("per_request", "train")[0], [scripted_policy(answer("WIN"))], "p/0", 1)
-    score, reason = labels.closed_as_lost_score(fresh)
+    score, reason = continuation_scores.closed_as_lost_score(fresh)
     assert math.isnan(score) and reason.startswith("no answer yet, ZeroDivisionError")
-    assert labels.partial_score(fresh) == 0.0
+    assert continuation_scores.partial_score(fresh) == 0.0
     # with answers it scores: the round clemcore opened after the last answer (no request yet) is not scored
     settings = labels_settings(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=scripted_policy(answer("WIN")))
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                policy=scripted_policy(answer("WIN")))
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
                                     policy=scripted_policy(answer("WIN")))
     first = [row for row in rows if row["turn_idx"] == 0]
@@ -418,8 +421,8 @@ def test_a_scorer_that_cannot_score_an_empty_episode_gives_0_one_raising_on_answ
     config = config_for(checkout, ["fragile_closing"])
     settings = labels_settings(config, max_rollout_rounds=1)
     winner, loser = scripted_policy(answer("WIN")), scripted_policy(answer("no"))
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=winner)
-    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=winner)
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels2.parquet", policy=loser)
     first = {bp["bp_id"] for bp in bps if bp["turn_idx"] == 0}
     assert first and first.isdisjoint({row["bp_id"] for row in rows})  # every continuation failed: no label
@@ -437,8 +440,8 @@ def test_an_end_of_game_hook_that_logs_an_event_scores_the_closed_copy_as_a_fini
     assert finished["error"] is None and finished["bench_score"] == 100
     settings = labels_settings(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
-                               policy=scripted_policy(answer("WIN")))
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                      policy=scripted_policy(answer("WIN")))
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
                                     policy=scripted_policy(answer("WIN")))
     first = [row for row in rows if row["turn_idx"] == 0]
@@ -454,9 +457,9 @@ def test_the_labelling_counts_include_the_failed_continuations_of_branch_points_
     config = config_for(checkout, ["fragile_closing"])
     settings = labels_settings(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
-                               policy=scripted_policy(answer("WIN")))
-    errors = labels.ErrorCounts()
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                      policy=scripted_policy(answer("WIN")))
+    errors = continuation_scores.ErrorCounts()
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
                                     policy=scripted_policy(answer("no")), errors=errors)
     terminal = sum(bp["turn_idx"] == 2 for bp in bps)
@@ -475,10 +478,10 @@ def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(check
     with pytest.raises(StageFailure, match=r"branch_points: every episode of game fragile_scorer: (\d+) of \1 "
                                            r"episodes failed, first error: fragile_scorer/e/\d/0: RuntimeError: "
                                            r"fixture scorer bug"):
-        labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=loser)
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=scripted_policy(
-        answer("WIN")))
-    with caplog.at_level(logging.WARNING, logger="clemprm.stages.labels"):
+        branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=loser)
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                      policy=scripted_policy(answer("WIN")))
+    with caplog.at_level(logging.WARNING, logger="clemprm.stages"):
         rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=loser)
     fragile = [bp for bp in bps if bp["game"] == "fragile_scorer"]
     labelled = {row["bp_id"] for row in rows}
@@ -598,7 +601,7 @@ def test_on_failure_continue_marks_every_stage_output_and_the_summary_carries_th
                             str(tmp_path / "adapter"), str(sft_metrics), test_cache_dir, on_failure="continue")
     assert metrics["status"].startswith("untrained")
     settings = labels_settings(config)
-    labels.branch_points(settings, None, paths["episodes"], paths["bp"], policy=invalid, on_failure="continue")
+    branch_points.branch_points(settings, None, paths["episodes"], paths["bp"], policy=invalid, on_failure="continue")
     labels.soft_labels_shard(settings, paths["bp"], None, 0, 1, paths["shard"], policy=invalid)
     with pytest.raises(StageFailure, match=r"gather_soft_labels: no soft label with any variance: all \d+ labels are "
                                            r"0\.000, nothing for a PRM to learn"):

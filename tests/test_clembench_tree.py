@@ -76,7 +76,7 @@ def clem(*args: str, cwd: Path, games: Path = GAMES_DIR) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory, scripted_policy):
     """Both modes played and written as trees under one results folder, their parquets and the summary."""
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     class SeededPolicy(scripted_policy):
         def generate(self, perspectives, seeds=None, **kwargs):

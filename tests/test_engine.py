@@ -11,7 +11,8 @@ from clemprm import records
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.clemcore_setup import import_clemcore_backends
 from clemprm.play.chat import merge_roles
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from tests.conftest import binary_search_answer, tiny_config
 
 

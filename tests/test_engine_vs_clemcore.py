@@ -11,7 +11,8 @@ import pytest
 
 from clemprm.play.catalog import GameCatalog
 from tests.clemcore_runners import run_clemcore
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from tests.conftest import binary_search_answer, tiny_config
 
 MAX_NEW_TOKENS = 10

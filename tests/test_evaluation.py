@@ -38,7 +38,7 @@ def mixed_answer(messages, seed=0):
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory, scripted_policy):
     """Every mode evaluated once (same scripted policy for base and SFT), then the summary."""
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     class SeededPolicy(scripted_policy):
         def generate(self, perspectives, seeds=None, **kwargs):
@@ -273,7 +273,7 @@ def test_a_difference_covers_the_games_both_modes_played_and_says_how_many(tmp_p
     the summary, the results table and the report say it covers 2 of 3 games. The difference of the two overall
     qualities would set greedy_sft's mean over three games against greedy_base's over two."""
     from clemprm.evaluation import console
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     def answers(perspectives, seeds, wordref: bool):
         """Valid answers in wordref and oddoneout (the first word offered; a description without the words),

@@ -12,7 +12,8 @@ import pytest
 from clemprm import records
 from clemprm.play.catalog import GameCatalog
 from clemprm.config import load_config
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.games import SPLITS, builtin_game_dir, instance_generator
 from clemprm.games.hanabi import bot, protocol
 from clemprm.games.hanabi.rewards import REWARD_KEYS, ROUND_SCORE_NAMES, turn_rewards

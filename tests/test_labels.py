@@ -15,7 +15,7 @@ import yaml
 
 from clemprm import records
 from clemprm.config import load_config
-from clemprm.stages import labels
+from clemprm.stages import branch_points, labels
 from clemprm.play.catalog import GameCatalog
 from tests.conftest import binary_search_answer, tiny_config
 
@@ -59,15 +59,15 @@ def oddoneout(scripted_policy, tmp_path):
     oracle = oddoneout_oracle(catalog)
     settings = settings_for(config)
     bp_path = tmp_path / "bp.parquet"
-    rows = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
-                                policy=scripted_policy(invalid_then(oracle)))
+    rows = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                       policy=scripted_policy(invalid_then(oracle)))
     return settings, bp_path, rows, oracle
 
 
 def test_evenly_spaced_keeps_ends():
-    assert labels.evenly_spaced(3, 4) == [0, 1, 2]
-    assert labels.evenly_spaced(10, 4) == [0, 3, 6, 9]
-    assert labels.evenly_spaced(10, 1) == [9]
+    assert branch_points.evenly_spaced(3, 4) == [0, 1, 2]
+    assert branch_points.evenly_spaced(10, 4) == [0, 3, 6, 9]
+    assert branch_points.evenly_spaced(10, 1) == [9]
 
 
 def test_branch_points_cover_every_turn_with_replayable_history(oddoneout):
@@ -127,7 +127,7 @@ def test_k_first_labels_settled_states_from_the_first_round_and_the_rest_as_all_
     policy = coin_flip_policy(scripted_policy, binary_search_answer)
     settings = settings_for(config, k=6)
     bp_path = tmp_path / "bp.parquet"
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
     all_k = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "all.parquet", policy=policy)
     two_rounds = labels.soft_labels_shard({**settings, "labels": {**settings["labels"], "k_first": 2,
                                                                   "checkpoint_every": 1}},
@@ -157,7 +157,7 @@ def test_capped_continuations_get_the_partial_score(scripted_policy, tmp_path):
     settings = settings_for(config, max_rollout_rounds=1)
     bp_path = tmp_path / "bp.parquet"
     policy = scripted_policy(count_up)
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=policy)
     rows = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet", policy=policy)
     catalog = GameCatalog(config["games"], config["seed"])
     experiments = {i.key: i.experiment for i in catalog.instances("guessnumber", "train")}
@@ -179,7 +179,7 @@ def test_labels_do_not_depend_on_the_shard_count(tiny_policy, tmp_path):
     config = tiny_config(games={"builtin": ["guessnumber", "wordref"]})
     settings = settings_for(config)
     bp_path = tmp_path / "bp.parquet"
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
     one = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "one.parquet", policy=tiny_policy)
     shard_paths = [tmp_path / f"{s}-of-3.parquet" for s in range(3)]
     for shard, path in enumerate(shard_paths):
@@ -231,7 +231,8 @@ def test_a_killed_shard_resumes_from_its_checkpoint_with_identical_labels(killed
     was never interrupted."""
     config = tiny_config(games={"builtin": ["guessnumber", "oddoneout"]})
     settings = settings_for(config, checkpoint_every=killed_processes, k=4, max_new_tokens=16)
-    labels.branch_points(settings, None, tmp_path / "episodes.parquet", tmp_path / "bp.parquet", policy=tiny_policy)
+    branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", tmp_path / "bp.parquet",
+                                policy=tiny_policy)
     (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
     (tmp_path / "shard.py").write_text(RESUMABLE_SHARD)
     command = [sys.executable, "shard.py", "resumed.parquet", test_cache_dir]
@@ -317,8 +318,8 @@ def test_validation_instances_give_held_out_branch_points_that_label_like_train_
     settings = {**settings, "branch_points": {**settings["branch_points"], "validation_instances": 2}}
     catalog = GameCatalog(settings["games"], settings["seed"])
     bp_path = tmp_path / "with_validation.parquet"
-    rows = labels.branch_points(settings, None, tmp_path / "episodes2.parquet", bp_path,
-                                policy=scripted_policy(invalid_then(oracle)))
+    rows = branch_points.branch_points(settings, None, tmp_path / "episodes2.parquet", bp_path,
+                                       policy=scripted_policy(invalid_then(oracle)))
     held_out = [row for row in rows if row["split"] == "validation"]
     assert [row for row in rows if row["split"] == "train"] == train_rows
     # the instances the run's seed draws (2 of 40 per split here), not the first ones of the files
@@ -340,7 +341,7 @@ def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_pol
     config = tiny_config(games={"builtin": ["guessnumber", "wordref"]}, branch_points={"siblings": 3})
     settings = settings_for(config, k=2)
     bp_path = tmp_path / "bp.parquet"
-    bps = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
+    bps = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path, policy=tiny_policy)
     by_prefix = {}
     for bp in bps:
         by_prefix.setdefault(bp["prefix_id"], []).append(bp)
@@ -365,13 +366,13 @@ def test_siblings_share_their_prefix_and_label_alike_in_any_shard_count(tiny_pol
 
 
 def test_distinct_siblings_keep_the_first_of_each_answer_and_count_its_samples():
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     def sample(text, error=None):
         return Generation(text=text, raw_text=text, prompt_tokens=1, new_tokens=1, error=error)
 
     generations = [sample("A"), sample("B"), sample("B"), sample("", error="out of memory"), sample("C"), sample("A")]
-    fresh, counts = labels.distinct_siblings("A", generations)
+    fresh, counts = branch_points.distinct_siblings("A", generations)
     assert [(j, g.text) for j, g in fresh] == [(2, "B"), (4, ""), (5, "C")]   # the failed one is kept to be logged
     assert counts == {"A": 3, "B": 2, "C": 1}
 
@@ -384,15 +385,15 @@ def test_a_policy_that_repeats_itself_gives_one_branch_point_per_state_with_all_
     settings = settings_for(config)
     oracle = oddoneout_oracle(GameCatalog(config["games"], config["seed"]))
     bp_path = tmp_path / "bp.parquet"
-    rows = labels.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
-                                policy=scripted_policy(invalid_then(oracle)))
+    rows = branch_points.branch_points(settings, None, tmp_path / "episodes.parquet", bp_path,
+                                       policy=scripted_policy(invalid_then(oracle)))
     assert rows and all(row["bp_id"] == row["prefix_id"] and row["multiplicity"] == 4 for row in rows)
     labelled = labels.soft_labels_shard(settings, bp_path, None, 0, 1, tmp_path / "labels.parquet",
                                         policy=scripted_policy(oracle))
     assert [row["multiplicity"] for row in labelled] == [4] * len(rows)
-    without_siblings = labels.branch_points(settings_for(tiny_config(games={"builtin": ["oddoneout"]})), None,
-                                            tmp_path / "episodes1.parquet", tmp_path / "bp1.parquet",
-                                            policy=scripted_policy(invalid_then(oracle)))
+    without_siblings = branch_points.branch_points(settings_for(tiny_config(games={"builtin": ["oddoneout"]})), None,
+                                                   tmp_path / "episodes1.parquet", tmp_path / "bp1.parquet",
+                                                   policy=scripted_policy(invalid_then(oracle)))
     assert {row["multiplicity"] for row in without_siblings} == {1}
 
 
@@ -407,7 +408,7 @@ def test_the_seed_draws_the_train_and_held_out_instances_and_every_seed_tests_on
     def draw(seed: int, games: dict = config["games"]) -> dict[str, list]:
         catalog = GameCatalog(games, seed)
         return {"train": [i.key for i in catalog.all_instances("train")],
-                "held_out": [i.key for i in labels.held_out_instances(catalog, per_game)],
+                "held_out": [i.key for i in branch_points.held_out_instances(catalog, per_game)[0]],
                 "test": [i.key for i in catalog.all_instances("test")]}
 
     seven, eleven = draw(7), draw(11)

@@ -21,7 +21,7 @@ from clemprm.models.loader import (ModelConfig, cache_root, load_tokenizer_and_m
                                    resolve_model_dir)
 from clemprm.models.sampling import SamplingParams, sample_tokens  # noqa: E402
 from clemprm.models.tiny import build_tiny_model  # noqa: E402
-from clemprm.play.engine import Generation  # noqa: E402
+from clemprm.play.contract import Generation  # noqa: E402
 
 MESSAGES = [
     [{"role": "user", "content": "Let us play a game. I am thinking of a number from 1 to 10. GUESS: ?"}],

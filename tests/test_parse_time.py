@@ -654,18 +654,23 @@ def test_a_held_out_set_smaller_than_asked_is_a_warning_in_the_job(caplog):
     import logging
 
     from clemprm.play.catalog import GameCatalog
-    from clemprm.stages.labels import held_out_instances
+    from clemprm.stages.branch_points import held_out_instances
 
     games = {**DEFAULT["games"], "builtin": ["guessnumber", "wordref"], "max_instances": {"train": 1, "validation": 2,
                                                                                           "test": 1}}
     with caplog.at_level(logging.INFO, logger="clemprm"):
-        assert len(held_out_instances(GameCatalog(games, 0), 2)) == 4
+        instances, marks = held_out_instances(GameCatalog(games, 0), 2)
+        assert len(instances) == 4 and marks == []
         assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
-        assert len(held_out_instances(GameCatalog(games, 0), 3)) == 4
-    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [(
-        "WARNING", "branch_points.validation_instances 3: the held-out set gets fewer instances of guessnumber (2), "
-                   "wordref (2) (games.max_instances.validation 2, or the game's validation split holds no more): the "
-                   "PRM is judged on fewer than asked")]
+        instances, marks = held_out_instances(GameCatalog(games, 0), 3)
+        assert len(instances) == 4
+    said = ("branch_points: branch_points.validation_instances 3: the held-out set gets fewer instances of "
+            "guessnumber (2), wordref (2) (games.max_instances.validation 2, or the game's validation split holds no "
+            "more): the PRM is judged on fewer than asked")
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [("WARNING", f"WARNING: {said}")]
+    # the mark the stage records in its provenance: the summary lists it with the run's warnings
+    assert [(mark.stage, mark.condition, mark.count, mark.message) for mark in marks] == [
+        ("branch_points", "heldout_capped", 2, said)]
 
 
 def test_a_target_after_configfile_and_a_number_yaml_reads_as_text_in_a_snakemake_run(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from clemprm import records, stats
 from clemprm.models import prm as prm_model
 from clemprm.models import scoring
-from clemprm.stages import prm, prm_metrics
+from clemprm.stages import prm, prm_data, prm_evaluation, prm_metrics
 from clemprm.models.loader import ModelConfig
 from clemprm.play.chat import render_answered
 from clemprm.search import Pair
@@ -67,6 +67,15 @@ def prm_settings(merge: dict | None = None, **prm_overrides) -> dict:
     return {name: config[name] for name in ("seed", "model", "prm")}
 
 
+def train_and_measure(settings: dict, labels: str, adapter: str, metrics_path: str, cache_dir: str | None = None, *,
+                      on_failure: str = "stop", probabilities: bool = False, **training) -> dict:
+    """Both PRM rules as the pipeline runs them: prm_adapter's training (its predictions beside ``metrics_path``), then
+    prm_metrics's measuring and gate; returns the metrics."""
+    predictions = str(Path(metrics_path).with_suffix(".predictions.parquet"))
+    prm.train_prm(settings, labels, adapter, predictions, cache_dir, **training)
+    return prm_evaluation.measure_prm(settings, labels, predictions, metrics_path, on_failure, probabilities)
+
+
 def write_labels(path, rows) -> str:
     records.write_records(path, rows, records.SOFT_LABELS, {})
     return str(path)
@@ -87,8 +96,8 @@ def trained(tmp_path_factory, test_cache_dir):
     rows = synthetic_rows()
     settings = prm_settings(lr=3e-3, epochs=12, batch_size=8, grad_accum=1, validation_fraction=0.25,
                             early_stopping_patience=4)   # AUROC 1.0 on held-out instances for seeds 1-8
-    metrics = prm.train_prm(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
-                            str(tmp / "metrics.json"), test_cache_dir)
+    metrics = train_and_measure(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
+                                str(tmp / "metrics.json"), test_cache_dir)
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
     return {"settings": settings, "metrics": metrics, "dir": tmp, "rows": rows, "scorer": scorer}
 
@@ -162,8 +171,8 @@ def test_a_prm_trained_at_learning_rate_0_is_not_recorded_as_trained(tmp_path, t
     paths = [str(tmp_path / "adapter"), str(tmp_path / "metrics.json")]
     with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not train: the learning rate was 0 at every one "
                                            r"of its 1 optimizer step\(s\): prm.warmup_ratio 0.5"):
-        prm.train_prm(settings, labels, *paths, test_cache_dir)
-    metrics = prm.train_prm(settings, labels, *paths, test_cache_dir, on_failure="continue")
+        train_and_measure(settings, labels, *paths, test_cache_dir)
+    metrics = train_and_measure(settings, labels, *paths, test_cache_dir, on_failure="continue")
     assert metrics["status"].startswith("untrained: the learning rate was 0") and metrics["steps"] == 1
     assert "adapter_not_trained" in [mark["condition"] for mark in read_failure_marks(paths[1])]
 
@@ -172,7 +181,8 @@ def played_episodes(tmp_path, scripted_policy) -> str:
     """Episode records of the built-in games' train and validation instances played by a policy that breaks the
     rules on every other turn (guessnumber answers a number or nonsense; the others nonsense or a move)."""
     from clemprm.play.catalog import GameCatalog
-    from clemprm.play.engine import RolloutEngine, Sampling
+    from clemprm.play.contract import Sampling
+    from clemprm.play.engine import RolloutEngine
     from tests.conftest import binary_search_answer
 
     def answer(messages):
@@ -204,7 +214,7 @@ def test_acceptance_examples_are_train_answers_labelled_by_the_game_verdict(trai
     rows = records.read_records(path, records.ANSWERS)
     assert {row["parse_ok"] for row in rows} == {True, False}
     tokenizer = trained["scorer"].tokenizer
-    examples = prm.acceptance_examples(path, tokenizer, None, 1024, limit=8, seed=0)
+    examples = prm_data.acceptance_examples(path, tokenizer, None, 1024, limit=8, seed=0)
     assert len(examples) == 8 and sum(e.label for e in examples) == 4   # as many of each verdict as there are
     verdicts_of = collections.defaultdict(set)   # an answer's verdicts (the same answer in other states)
     for row in rows:
@@ -213,22 +223,22 @@ def test_acceptance_examples_are_train_answers_labelled_by_the_game_verdict(trai
         text = tokenizer.decode(example.input_ids)
         response = max((r for r in verdicts_of if text.endswith(f"{r}<|im_end|>\n")), key=len)
         assert bool(example.label) in verdicts_of[response]
-    assert [e.input_ids for e in prm.acceptance_examples(path, tokenizer, None, 1024, 8, 0)] == [
+    assert [e.input_ids for e in prm_data.acceptance_examples(path, tokenizer, None, 1024, 8, 0)] == [
         e.input_ids for e in examples]                                # drawn by the seed alone
-    everything = prm.acceptance_examples(path, tokenizer, None, 1024, limit=10_000, seed=0)
+    everything = prm_data.acceptance_examples(path, tokenizer, None, 1024, limit=10_000, seed=0)
     assert len(everything) == len(rows)
     held_out = tmp_path / "held_out.parquet"   # answers records of another split are refused, naming the file
     records.write_records(held_out, [{**row, "split": "validation"} for row in rows], records.ANSWERS, {})
     with pytest.raises(records.RecordFileError, match="held_out.parquet holds .* validation rows"):
-        prm.acceptance_examples(str(held_out), tokenizer, None, 1024, 8, 0)
+        prm_data.acceptance_examples(str(held_out), tokenizer, None, 1024, 8, 0)
 
 
 def test_acceptance_pretraining_trains_the_prm_before_the_soft_labels(tmp_path, test_cache_dir, scripted_policy):
     path = played_answers(tmp_path, scripted_policy)
     settings = prm_settings(epochs=1, batch_size=8, grad_accum=1, acceptance_examples=16)
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:16])
-    metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir,
-                            on_failure="continue", answers_path=path)
+    metrics = train_and_measure(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir,
+                                on_failure="continue", answers_path=path)
     pretraining = metrics["acceptance_pretraining"]
     heldout = pretraining["heldout"]   # the answers of a quarter of the instances, measured, not trained on
     assert pretraining["examples"] + heldout["n"] == 16 and heldout["n"] > 0 and pretraining["steps"] >= 1
@@ -236,19 +246,19 @@ def test_acceptance_pretraining_trains_the_prm_before_the_soft_labels(tmp_path, 
     assert pretraining["status"] == "trained" and metrics["status"] == "trained"
     with pytest.raises(ValueError, match=r"prm.acceptance_examples needs the answers records \(results/labels/"
                                          r"answers.parquet, rule gather_answers"):
-        prm.train_prm(settings, labels, str(tmp_path / "a2"), str(tmp_path / "m2.json"), test_cache_dir)
+        train_and_measure(settings, labels, str(tmp_path / "a2"), str(tmp_path / "m2.json"), test_cache_dir)
 
 
 def test_corrupt_or_invalid_labels_file_is_an_error_naming_it(tmp_path, test_cache_dir):
     corrupt = tmp_path / "soft_labels.parquet"
     corrupt.write_bytes(b"not a parquet file")
     with pytest.raises(records.RecordFileError, match="soft_labels.parquet"):
-        prm.train_prm(prm_settings(), str(corrupt), str(tmp_path / "a"), str(tmp_path / "m.json"), test_cache_dir)
+        train_and_measure(prm_settings(), str(corrupt), str(tmp_path / "a"), str(tmp_path / "m.json"), test_cache_dir)
     rows = synthetic_rows()[:2]
     rows[1]["label"] = 1.5
     bad = write_labels(tmp_path / "bad_labels.parquet", rows)
     with pytest.raises(records.RecordFileError, match=r"bad_labels.parquet, row 1 .*1.5"):
-        prm.read_labels(bad)
+        prm_data.read_labels(bad)
 
 
 # ------------------------------------------------------------------------------------- tiny model
@@ -383,8 +393,8 @@ def test_ranking_metrics_random_pick_and_accuracy_weigh_by_multiplicity():
     examples = []
     for state in range(4):
         key = ("g", "e", str(state))
-        examples += [prm.Example([1], False, 0.0, key, state_id=f"p{state}", row=2 * state, multiplicity=3),
-                     prm.Example([1], False, 1.0, key, state_id=f"p{state}", row=2 * state + 1, multiplicity=1)]
+        examples += [prm_data.Example([1], False, 0.0, key, state_id=f"p{state}", row=2 * state, multiplicity=3),
+                     prm_data.Example([1], False, 1.0, key, state_id=f"p{state}", row=2 * state + 1, multiplicity=1)]
     scorers = {"prm": [0.9, 0.1] * 4, "constant_mean": [0.5] * 8}
     ranking = prm_metrics.ranking_metrics(examples, scorers, 50, 0, 0.95)
     assert ranking["pairs_with_different_labels"] == 4                          # distinct answer pairs: the evidence
@@ -396,7 +406,7 @@ def test_ranking_metrics_random_pick_and_accuracy_weigh_by_multiplicity():
 
 
 def test_a_baseline_is_oriented_the_way_its_train_siblings_rank():
-    examples = [prm.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i)
+    examples = [prm_data.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i)
                 for i, label in enumerate([1.0, 0.0, 0.5, 0.0, 0.2, 0.2])]     # the last state's labels tie
     shorter_is_better = [1.0, 5.0, 2.0, 9.0, 3.0, 1.0]
     assert prm_metrics.orientation(examples, shorter_is_better) == -1
@@ -409,10 +419,10 @@ def test_a_baseline_is_oriented_on_the_samples_its_train_siblings_are():
     """Longer answers win 1 state of 3, but that state's losing answer is 3 samples: 3 pairs of samples of 5 say
     longer is better."""
     labels, lengths, counts = [0.0, 1.0, 1.0, 0.0, 1.0, 0.0], [1.0, 5.0, 1.0, 5.0, 1.0, 5.0], [3, 1, 1, 1, 1, 1]
-    examples = [prm.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i, multiplicity=count)
+    examples = [prm_data.Example([1], False, label, ("g", "e", "0"), state_id=f"p{i // 2}", row=i, multiplicity=count)
                 for i, (label, count) in enumerate(zip(labels, counts))]
     assert prm_metrics.orientation(examples, lengths) == 1
-    once = [prm.Example([1], False, e.label, e.key, state_id=e.state_id, row=e.row) for e in examples]
+    once = [prm_data.Example([1], False, e.label, e.key, state_id=e.state_id, row=e.row) for e in examples]
     assert prm_metrics.orientation(once, lengths) == -1
 
 
@@ -434,11 +444,11 @@ def test_pairwise_loss_orders_siblings_of_one_state_only():
 
 
 def test_sampling_keeps_sibling_groups_whole():
-    examples = [prm.Example([1], False, 0.0, ("g", "e", str(i // 3)), state_id=f"p{i // 3}", row=i) for i in range(12)]
-    sampled = prm.sample_whole_groups(examples, 7, seed=3)
-    assert len(sampled) == 6 and all(len(group) == 3 for group in prm.sibling_groups(sampled))
-    assert prm.sample_whole_groups(examples, 7, seed=3) == sampled
-    assert prm.sample_whole_groups(examples, None, 3) == examples
+    examples = [prm_data.Example([1], False, 0.0, ("g", "e", str(i // 3)), state_id=f"p{i // 3}", row=i) for i in range(12)]
+    sampled = prm_data.sample_whole_groups(examples, 7, seed=3)
+    assert len(sampled) == 6 and all(len(group) == 3 for group in prm_data.sibling_groups(sampled))
+    assert prm_data.sample_whole_groups(examples, 7, seed=3) == sampled
+    assert prm_data.sample_whole_groups(examples, None, 3) == examples
 
 
 def test_pairwise_training_batches_whole_states_and_ranks_held_out_siblings(tmp_path, test_cache_dir):
@@ -446,8 +456,8 @@ def test_pairwise_training_batches_whole_states_and_ranks_held_out_siblings(tmp_
     4 states make 5 steps an epoch (pairs: 9); the PRM still ranks the held-out siblings right."""
     settings = prm_settings(lr=3e-3, epochs=6, batch_size=4, grad_accum=1, validation_fraction=0.25,
                             pairwise_weight=1.0, early_stopping_patience=6)
-    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
-                            str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir)
+    metrics = train_and_measure(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
+                                str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir)
     assert metrics["pairwise_weight"] == 1.0 and metrics["examples"]["train"] == 36
     assert metrics["shared_prefixes"]   # a state's siblings trained on their shared prefix
     assert metrics["steps"] == 5 * metrics["epochs_run"]
@@ -631,10 +641,10 @@ def test_a_prm_reads_the_input_it_was_trained_for(trained):
     rows = synthetic_rows()[:4]
     for row, reply in zip(rows, ["Wrong, try again.", "Game over: won.", "Higher.", ""]):
         row["reply"] = reply
-    blind = prm.build_examples(rows, scorer.tokenizer, None, 1024, "candidate")
+    blind = prm_data.build_examples(rows, scorer.tokenizer, None, 1024, "candidate")
     assert all(scorer.tokenizer.decode(e.input_ids).endswith(f"{row['candidate']}<|im_end|>\n")
                for e, row in zip(blind, rows))
-    reading = prm.build_examples(rows, scorer.tokenizer, None, 1024, "candidate_with_reply")
+    reading = prm_data.build_examples(rows, scorer.tokenizer, None, 1024, "candidate_with_reply")
     assert scorer.tokenizer.decode(reading[1].input_ids).endswith("Game over: won.<|im_end|>\n")
     assert scorer.score(pairs_of(rows)) == pytest.approx(scorer.score([Pair(p.perspective, p.candidate)
                                                                        for p in pairs_of(rows)]), abs=1e-6)
@@ -649,8 +659,8 @@ def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path
     PRM give the same quality and nearly the same scores; the full-precision adapter on the NF4 base scores close."""
     full = trained["settings"]
     settings = {**full, "model": {**full["model"], "quantization": "nf4"}}
-    metrics = prm.train_prm(settings, str(trained["dir"] / "labels.parquet"), str(tmp_path / "adapter"),
-                            str(tmp_path / "metrics.json"), test_cache_dir)
+    metrics = train_and_measure(settings, str(trained["dir"] / "labels.parquet"), str(tmp_path / "adapter"),
+                                str(tmp_path / "metrics.json"), test_cache_dir)
     assert metrics["status"] == "trained" and metrics["model"]["quantization"] == "nf4"
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     on_full_adapter = prm_model.load_prm(settings["model"], full["prm"], str(trained["dir"] / "adapter"),
@@ -669,19 +679,30 @@ def test_a_4bit_nf4_base_trains_and_scores_like_full_precision(trained, tmp_path
     assert max(abs(a - b) for a, b in zip(full_scores, on_full_adapter.score(pairs))) < 0.05
 
 
-def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test_cache_dir):
-    """20 pairs, batches of 4 and grad_accum 64: capped at 5 (one optimizer step per epoch); two runs with one
-    seed give the same adapter."""
+def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test_cache_dir, caplog):
+    """20 pairs, batches of 4 and grad_accum 64: capped at 5 (one optimizer step per epoch), a warning in the log
+    and a mark the summary lists (it was an INFO line only); two runs with one seed give the same adapter."""
     from safetensors.torch import load_file
+
+    from clemprm.config import sections
+    from clemprm.evaluation import evaluate
 
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:20])
     settings = prm_settings(loss="mse", lr=1e-2, epochs=2, batch_size=4, grad_accum=64, validation_fraction=0.0)
     runs = []
     for name in ("a", "b"):
-        metrics = prm.train_prm(settings, labels, str(tmp_path / name), str(tmp_path / f"{name}.json"), test_cache_dir)
+        metrics = train_and_measure(settings, labels, str(tmp_path / name), str(tmp_path / f"{name}.json"),
+                                    test_cache_dir)
         runs.append((metrics, load_file(str(tmp_path / name / "adapter_model.safetensors"))))
     (metrics, weights), (other_metrics, other_weights) = runs
     assert metrics["loss"] == "mse" and metrics["grad_accum"] == 5 and metrics["effective_batch"] == 20
+    capped = [mark for mark in metrics["failure_marks"] if mark["condition"] == "grad_accum_capped"]
+    assert len(capped) == 1 and "capped at 5 (of prm.grad_accum 64)" in capped[0]["message"], metrics["failure_marks"]
+    assert any(record.levelname == "WARNING" and "prm.grad_accum 64" in record.getMessage()
+               for record in caplog.records)
+    summary = evaluate.summarize_eval(sections(tiny_config(), "seed", "model", "games", "eval"), [],
+                                      str(tmp_path / "prm_eval.json"), prm_metrics_path=str(tmp_path / "a.json"))
+    assert capped[0] in summary["upstream_warnings"] and capped[0]["message"] in summary["warnings"]
     assert metrics["steps"] == 2 and metrics["examples"]["validation"] == 0
     assert metrics["evaluation"]["validation"] is None and metrics["eval_loss"] is None
     assert metrics["train_loss"] < 0.25 and metrics["history"] == other_metrics["history"]
@@ -703,8 +724,8 @@ def test_validation_split_branch_points_are_the_held_out_set_never_trained_or_se
             row["split"] = "validation"
     settings = prm_settings(lr=3e-3, epochs=2, batch_size=8, grad_accum=1, validation_fraction=0.0)
     # two short epochs: what is checked is which rows are held out, not how well it learned (its gate may fail)
-    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
-                            str(tmp_path / "m.json"), test_cache_dir, on_failure="continue")
+    metrics = train_and_measure(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
+                                str(tmp_path / "m.json"), test_cache_dir, on_failure="continue")
     heldout = [row for row in rows if row["split"] == "validation"]
     assert metrics["examples"]["train"] == len(rows) - len(heldout) and metrics["examples"]["validation"] == 0
     assert metrics["examples"]["heldout"] == len(heldout) and metrics["examples"]["heldout_instances"] == 8
@@ -725,7 +746,7 @@ def test_validation_split_branch_points_are_the_held_out_set_never_trained_or_se
 def test_empty_labels_file_writes_an_untrained_adapter(tmp_path, test_cache_dir):
     settings = prm_settings()
     labels = write_labels(tmp_path / "labels.parquet", [])
-    metrics = prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
+    metrics = train_and_measure(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
     assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
     assert json.loads((tmp_path / "m.json").read_text())["status"] == metrics["status"]
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
@@ -824,7 +845,7 @@ def test_a_prm_whose_predictions_are_nan_fails_its_gate_by_name_not_in_scikit_le
     settings["prm"]["gate"] = {**settings["prm"]["gate"], "on_failure": "stop"}
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:16])
     with pytest.raises(StageFailure, match=r"finite: \d+ predictions are not finite numbers .*lower prm.lr"):
-        prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
+        train_and_measure(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "m.json"), test_cache_dir)
 
 
 def test_a_gate_whose_ranking_was_not_measured_is_not_judged_not_passed():
@@ -852,9 +873,9 @@ def test_a_gate_not_judged_stops_a_run_that_asks_to_stop_and_warns_in_one_that_g
     gate = prm_metrics.quality_gate(None, None, gate_settings())
     with pytest.raises(StageFailure, match=r"quality gate was not judged: spread and mean: no held-out labels .*"
                                            r"prm.gate.on_failure: continue"):
-        prm.gate_marks(gate, "stop")
-    with caplog.at_level("WARNING", logger=prm.log.name):
-        assert prm.gate_marks(gate, "continue") == []
+        prm_evaluation.gate_marks(gate, "stop")
+    with caplog.at_level("WARNING", logger=prm_evaluation.log.name):
+        assert prm_evaluation.gate_marks(gate, "continue") == []
     assert "PRM QUALITY GATE NOT JUDGED" in caplog.text
 
 
@@ -889,7 +910,7 @@ def random_heldout_ranking(seed: int, games: int, instances_per_game: int, sampl
     for game in range(games):
         for instance in range(instances_per_game):
             for state in range(rng.randint(1, 3)):
-                examples += [prm.Example([1], False, rng.choice([0.0, 0.25, 0.5, 1.0]),
+                examples += [prm_data.Example([1], False, rng.choice([0.0, 0.25, 0.5, 1.0]),
                                          (f"g{game}", "e", str(instance)), state_id=f"{game}/{instance}/{state}",
                                          row=len(examples) + j)
                              for j in range(4)]
@@ -922,7 +943,7 @@ def test_a_random_prm_on_random_labels_passes_the_gate_in_at_most_5_percent_of_d
 
 
 def test_balanced_label_weights_give_each_class_half_of_the_loss():
-    examples = [prm.Example([1], False, label, ("g", "e", "0"), row=i) for i, label in enumerate([0, 0, 0, 0.25])]
+    examples = [prm_data.Example([1], False, label, ("g", "e", "0"), row=i) for i, label in enumerate([0, 0, 0, 0.25])]
     weights = prm.label_weights(examples, "balanced")
     assert weights == {0: pytest.approx(2 / 3), 1: pytest.approx(2 / 3), 2: pytest.approx(2 / 3), 3: 2.0}
     assert sum(weights.values()) == pytest.approx(len(examples))
@@ -955,20 +976,23 @@ def untrained_prm(tmp_path_factory, test_cache_dir):
 
 
 def test_a_prm_that_learned_nothing_stops_the_stage_naming_the_metric_and_the_baseline(untrained_prm, test_cache_dir):
-    """prm.gate.on_failure: stop (configs/cluster.yaml), or inherit under the run's on_failure: stop."""
+    """prm.gate.on_failure: stop (configs/cluster.yaml), or inherit under the run's on_failure: stop. The stage that
+    stops is prm_metrics: the adapter is written, the metrics (which every search with the PRM waits for) are not."""
     from clemprm.checks.run_time import StageFailure
     from clemprm.config import merge_config_files
 
     cluster = Path(__file__).resolve().parent.parent / "configs" / "cluster.yaml"
     assert merge_config_files([str(cluster)])["prm"]["gate"]["on_failure"] == "stop"
     tmp, settings, labels = untrained_prm
-    for action, folder in (("stop", "stop"), ("inherit", "inherit")):
+    predictions = str(tmp / "stop.predictions.parquet")
+    prm.train_prm(settings, labels, str(tmp / "stop-adapter"), predictions, test_cache_dir)
+    for action in ("stop", "inherit"):
         gated = {**settings, "prm": {**settings["prm"], "gate": {**settings["prm"]["gate"], "on_failure": action}}}
         with pytest.raises(StageFailure, match=r"prm_adapter: the PRM did not pass its quality gate: spread: .*"
                                                r"pairwise_accuracy: .* not clearly better than \w+"):
-            prm.train_prm(gated, labels, str(tmp / f"{folder}-adapter"), str(tmp / f"{folder}.json"), test_cache_dir,
-                          on_failure="stop")
-        assert not (tmp / f"{folder}-adapter").exists() and not (tmp / f"{folder}.json").exists()
+            prm_evaluation.measure_prm(gated, labels, predictions, str(tmp / f"{action}.json"), on_failure="stop")
+        assert not (tmp / f"{action}.json").exists()
+    assert (tmp / "stop-adapter/adapter_model.safetensors").is_file()
 
 
 def test_by_default_a_failed_gate_reports_and_the_run_goes_on(untrained_prm, test_cache_dir):
@@ -978,8 +1002,8 @@ def test_by_default_a_failed_gate_reports_and_the_run_goes_on(untrained_prm, tes
 
     tmp, settings, labels = untrained_prm
     assert settings["prm"]["gate"]["on_failure"] == "continue"
-    metrics = prm.train_prm(settings, labels, str(tmp / "report-adapter"), str(tmp / "report.json"), test_cache_dir,
-                            on_failure="stop")
+    metrics = train_and_measure(settings, labels, str(tmp / "report-adapter"), str(tmp / "report.json"), test_cache_dir,
+                                on_failure="stop")
     assert metrics["gate"]["status"] == "failed" and (tmp / "report-adapter/adapter_model.safetensors").is_file()
     assert [mark["condition"] for mark in read_failure_marks(tmp / "report.json")] == ["prm_not_learned"]
 
@@ -988,7 +1012,7 @@ def summary_of_a_search(scripted_policy, folder: Path, prm_metrics_path: Path) -
     """The eval summary of greedy_sft and best_of_n played by a policy that always answers "GUESS: 5" (best_of_n's
     PRM scripted to a constant), beside the PRM stage's metrics at ``prm_metrics_path``."""
     from clemprm.evaluation import evaluate
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
     from tests.test_evaluation import SETTINGS, ScriptedPRM
 
     class Policy(scripted_policy):
@@ -1009,8 +1033,8 @@ def test_under_continue_a_failed_gate_marks_the_summary_and_every_mode_that_sear
     from clemprm.evaluation import evaluate, report
 
     tmp, settings, labels = untrained_prm
-    metrics = prm.train_prm(settings, labels, str(tmp / "adapter"), str(tmp / "metrics.json"), test_cache_dir,
-                            on_failure="continue")
+    metrics = train_and_measure(settings, labels, str(tmp / "adapter"), str(tmp / "metrics.json"), test_cache_dir,
+                                on_failure="continue")
     assert metrics["gate"]["status"] == "failed" and (tmp / "adapter/adapter_model.safetensors").is_file()
     (mark,) = metrics["failure_marks"]
     assert mark["condition"] == "prm_not_learned" and mark["stage"] == "prm_adapter"
@@ -1063,8 +1087,8 @@ def test_a_capped_gradient_accumulation_is_a_warning(tmp_path, test_cache_dir, c
     settings = prm_settings(epochs=1, batch_size=8, grad_accum=16, validation_fraction=0.0)
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:24])
     with caplog.at_level(logging.INFO, logger="clemprm"):
-        prm.train_prm(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
-                      on_failure="continue")
+        train_and_measure(settings, labels, str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
+                          on_failure="continue")
     capped = [record for record in caplog.records if "gradient accumulation capped" in record.getMessage()]
     assert [record.levelname for record in capped] == ["WARNING"]
     assert capped[0].getMessage().endswith("(of prm.grad_accum 16) so that every epoch makes an optimizer step: the "

@@ -11,13 +11,15 @@ import pytest
 
 from clemprm import records, stats
 from clemprm.models import prm as prm_model
+from clemprm.models.scoring import shared_prefix_groups
 from clemprm.models.probe import CONFIG_NAME, WEIGHTS_NAME
 from clemprm.play.engine import RolloutEngine
 from clemprm.search.best_of_n import best_of_n
 from clemprm.search import Pair
 from clemprm.stages import prm, probe
 from tests.test_search import JUNK, SAMPLING, catalog, seeded_policy, start  # noqa: F401 (fixtures)
-from tests.test_prm import MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row, synthetic_rows, write_labels
+from tests.test_prm import (MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row, synthetic_rows,
+                            train_and_measure, write_labels)
 
 PROBE = {"layers": [-1, -2], "window": 8, "l2": [0.01, 1.0], "combination": ["value", "product"], "folds": 3}
 
@@ -37,8 +39,8 @@ def fitted(tmp_path_factory, test_cache_dir):
     tmp = tmp_path_factory.mktemp("probe")
     rows = synthetic_rows()
     settings = probe_settings()
-    metrics = prm.train_prm(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
-                            str(tmp / "metrics.json"), test_cache_dir)
+    metrics = train_and_measure(settings, write_labels(tmp / "labels.parquet", rows), str(tmp / "adapter"),
+                                str(tmp / "metrics.json"), test_cache_dir)
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp / "adapter"), test_cache_dir)
     return {"settings": settings, "metrics": metrics, "dir": tmp, "rows": rows, "scorer": scorer}
 
@@ -93,10 +95,34 @@ def test_probe_scores_do_not_depend_on_the_batch(fitted):
     assert scorer.stats.shared_tokens == 0 and len(set(together)) > 2
 
 
+@pytest.mark.parametrize("window", [1, 8, 200])
+def test_probe_features_on_shared_prefixes_equal_the_full_pass(fitted, window):
+    """Two prompts of different lengths (left padding), their candidates sharing each prompt's prefix: a window
+    inside the answer, one reaching back into the prompt, one longer than a whole short sequence."""
+    import torch
+
+    scorer, rows = fitted["scorer"], fitted["rows"]
+    prompts = [rows[0]["prefix"], [{"role": "user", "content": "A prompt of another length, " * 12}]]
+    candidates = ["yes", "no it is not", "a much longer candidate " * 6, "no it is not"]
+    ids, keys = [], []
+    for k, prompt in enumerate(prompts):
+        for candidate in candidates:
+            ids.append(prm_model.encode_pair(scorer.tokenizer, prompt, candidate, "", scorer.cfg.chat_template_kwargs,
+                                             1024)[0])
+            keys.append(k)
+    features = probe.ProbeFeatures(scorer.cfg, scorer.tokenizer, scorer.model, [-1, -2], window, token_budget=8192)
+    groups, alone = shared_prefix_groups(ids, keys)
+    assert features.share_prefixes and len(groups) == 2 and not alone
+    assert len({group.shared for group in groups}) == 2
+    full, shared = features.of(ids), features.of(ids, keys)
+    assert torch.allclose(shared, full, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(full[0], full[1], atol=1e-3)
+
+
 def test_empty_labels_write_an_untrained_probe_that_scores(tmp_path, test_cache_dir):
     settings = probe_settings()
-    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", []), str(tmp_path / "adapter"),
-                            str(tmp_path / "m.json"), test_cache_dir)
+    metrics = train_and_measure(settings, write_labels(tmp_path / "labels.parquet", []), str(tmp_path / "adapter"),
+                                str(tmp_path / "m.json"), test_cache_dir)
     assert metrics["status"].startswith("untrained") and metrics["examples"]["train"] == 0
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     assert scorer.score(pairs_of(synthetic_rows()[:3])) == [0.5] * 3
@@ -129,9 +155,9 @@ def test_the_validity_head_reads_the_answers_records(tmp_path, test_cache_dir):
     answers = tmp_path / "answers.parquet"
     records.write_records(answers, answer_rows(24), records.ANSWERS, {})
     settings = probe_settings(acceptance_examples=16, probe={**PROBE, "combination": ["product"]})
-    metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
-                            str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
-                            answers_path=str(answers))
+    metrics = train_and_measure(settings, write_labels(tmp_path / "labels.parquet", synthetic_rows()),
+                                str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
+                                answers_path=str(answers))
     validity = metrics["probe"]["validity"]
     assert validity["examples"] == 16 and validity["accepted"] == 8 and len(validity["cv"]) == 2
     assert metrics["probe"]["combination"] == "product"
@@ -143,7 +169,7 @@ def test_the_validity_head_reads_the_answers_records(tmp_path, test_cache_dir):
     assert all(p <= v + 1e-6 for p, v in zip(scorer.score(pairs), value_only.score(pairs)))
     with pytest.raises(ValueError, match="answers input"):
         prm.train_prm(settings, str(tmp_path / "labels.parquet"), str(tmp_path / "again"),
-                      str(tmp_path / "again.json"), test_cache_dir)
+                      str(tmp_path / "again.parquet"), test_cache_dir)
 
 
 def test_probe_errors_name_the_key_and_what_to_do(fitted, tmp_path, test_cache_dir):
@@ -181,7 +207,7 @@ def test_best_of_n_with_a_probe_plays_the_chosen_answer(catalog, seeded_policy, 
                                        f"ANSWER: {MARKER if marked else word}", POSITIVE if marked else NEGATIVE))
     settings = probe_settings(validation_fraction=0.0)
     prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", rows), str(tmp_path / "adapter"),
-                  str(tmp_path / "metrics.json"), test_cache_dir)
+                  str(tmp_path / "predictions.parquet"), test_cache_dir)
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     proposed = {}
 

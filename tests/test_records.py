@@ -11,7 +11,7 @@ import pytest
 
 from clemprm import records
 from clemprm.evaluation import evaluate
-from clemprm.stages import labels, prm, rollouts, sft
+from clemprm.stages import branch_points, labels, prm, rollouts, sft
 from tests.conftest import binary_search_answer, tiny_config
 
 CONFIG = tiny_config(games={"builtin": ["guessnumber"]}, labels={"k": 2})
@@ -29,8 +29,8 @@ def real_files(tmp_path_factory, scripted_policy):
     paths = {name: folder / f"{name}.parquet" for name in RETYPED}
     rollouts.base_rollouts(CONFIG, str(paths["episodes"]), policy=policy)
     assert rollouts.win_filter(CONFIG, str(paths["episodes"]), str(paths["sft_data"]))
-    labels.branch_points(CONFIG, None, str(folder / "sft_train_episodes.parquet"), str(paths["branch_points"]),
-                         policy=policy)
+    branch_points.branch_points(CONFIG, None, str(folder / "sft_train_episodes.parquet"), str(paths["branch_points"]),
+                                policy=policy)
     labels.soft_labels_shard(CONFIG, str(paths["branch_points"]), None, 0, 1, str(paths["shard"]), policy=policy)
     labels.gather_soft_labels(CONFIG, str(paths["branch_points"]), [str(paths["shard"])], str(paths["soft_labels"]))
     evaluate.evaluate_mode("greedy_base", CONFIG, str(paths["eval"]), policy=policy)
@@ -79,7 +79,7 @@ def run_gather_branch_points(paths, bad, out):
 
 
 def run_prm(paths, bad, out):
-    prm.train_prm(CONFIG, str(bad), str(out / "adapter"), str(out / "metrics.json"), str(out / "cache"))
+    prm.train_prm(CONFIG, str(bad), str(out / "adapter"), str(out / "predictions.parquet"), str(out / "cache"))
 
 
 def run_eval_summary(paths, bad, out):

@@ -14,9 +14,10 @@ from clemprm import records
 from clemprm.evaluation import evaluate
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.config import eval_mode_params, rl_params
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
-from clemprm.rl import grpo, prime, trainer
+from clemprm.rl import grpo, policy_adapter, policy_update, prime, trainer
 from clemprm.rl.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.models.scoring import selective_log_softmax
@@ -149,8 +150,8 @@ def test_selective_log_softmax_equals_log_softmax_gather():
 
 def test_adapter_disabled_logprobs_equal_the_base_models(adapters, test_cache_dir):
     tokenizer, base = load_tokenizer_and_model(ModelConfig(spec="tiny:0", cache_dir=test_cache_dir))
-    _, _, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
-                                              implicit_prm=False)
+    _, _, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                                     implicit_prm=False)
     prompt, answer = tokens(tokenizer, "Guess a number from 1 to 10."), tokens(tokenizer, "GUESS: 7<|im_end|>")
     with torch.no_grad():
         expected = torch.log_softmax(base(input_ids=torch.tensor([prompt + answer])).logits[0].float(), -1)
@@ -166,8 +167,8 @@ def test_token_rewards_equal_beta_times_the_log_ratio_of_two_separate_models(ada
     """The implicit PRM's adapter (adapters[1]) and its reference (adapters[0]) on one base, against two models."""
     from peft import PeftModel
 
-    _, _, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
-                                              implicit_prm=True)
+    _, _, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
+                                                     implicit_prm=True)
     model.load_adapter(adapters[1], adapter_name="phi", is_trainable=True)
     implicit = prime.ImplicitPRM(model, beta=0.05, adapter="phi", reference=prime.REFERENCE_ADAPTER)
     model.eval()
@@ -193,8 +194,8 @@ def test_implicit_prm_equals_its_reference_at_the_start_even_in_train_mode(tmp_p
     """The implicit PRM starts as the SFT adapter, like its reference: its token rewards are exactly 0 then, also
     when the SFT adapter has LoRA dropout and the model is in train mode (dropout would make them noise)."""
     sft_adapter = random_adapter(tmp_path / "sft", 3, test_cache_dir, dropout=0.5)
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, sft_adapter, test_cache_dir,
-                                                      implicit_prm=True)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, sft_adapter,
+                                                             test_cache_dir, implicit_prm=True)
     model.train()
     implicit = prime.ImplicitPRM(model, beta=0.05)
     turn = Turn(tokens(tokenizer, "Guess a number from 1 to 2."), tokens(tokenizer, "GUESS: 1<|im_end|>"))
@@ -223,8 +224,8 @@ def test_the_implicit_prm_scorers_reference_adapter_is_loaded_by_the_model_loade
 
 
 def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir):
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
-                                                      implicit_prm=True)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0],
+                                                             test_cache_dir, implicit_prm=True)
     model.train()
     implicit = prime.ImplicitPRM(model, beta=0.5)
     prompt = tokens(tokenizer, "Guess a number from 1 to 2.")
@@ -245,8 +246,8 @@ def test_implicit_prm_bce_falls_on_a_separable_toy_set(adapters, test_cache_dir)
 def test_prime_skips_groups_outside_the_accuracy_filter(adapters, test_cache_dir):
     """Groups won by 0 of 4, 2 of 4 and 4 of 4 episodes: with [0.2, 0.8] only the second one updates the implicit PRM
     and gets advantages (the others' turns are out of the step); off (null), all three; all filtered, nothing moves."""
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
-                                                      implicit_prm=True)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0],
+                                                             test_cache_dir, implicit_prm=True)
     model.train()
     prompt = tokens(tokenizer, "Guess a number from 1 to 2.")
 
@@ -289,8 +290,8 @@ def test_prime_skips_groups_outside_the_accuracy_filter(adapters, test_cache_dir
 
 
 def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters, test_cache_dir):
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0], test_cache_dir,
-                                                      implicit_prm=False)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapters[0],
+                                                             test_cache_dir, implicit_prm=False)
     model.eval()   # no dropout: both passes see the same function
     turns = []
     for prompt, answer, advantage in [("Guess a number.", "GUESS: 5<|im_end|>", 0.5),
@@ -298,9 +299,9 @@ def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters
                                       ("Hello!", "Hi<|im_end|>", 0.0)]:
         completion = tokens(tokenizer, answer)
         turns.append(Turn(tokens(tokenizer, prompt), completion, advantages=[advantage] * len(completion), kl_beta=0.1))
-    normaliser = trainer.step_normaliser(turns, "tokens", 24)
-    params = trainer.adapter_parameters(model, trainer.POLICY_ADAPTER)
-    trainer.accumulate_policy_gradients(model, turns, kl_beta=0.1, normaliser=normaliser)
+    normaliser = policy_update.step_normaliser(turns, "tokens", 24)
+    params = policy_adapter.adapter_parameters(model, policy_adapter.POLICY_ADAPTER)
+    policy_update.accumulate_policy_gradients(model, turns, kl_beta=0.1, normaliser=normaliser)
     per_turn = [param.grad.clone() for param in params]
     for param in params:
         param.grad = None
@@ -308,7 +309,7 @@ def test_per_turn_backward_gives_the_gradients_of_one_combined_backward(adapters
     for turn in turns:   # the third turn has zero advantages but a KL term: it is trained too
         logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids)
         reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids)
-        total = total + trainer.turn_loss(logp, reference, torch.tensor(turn.advantages), 0.1, normaliser)[0]
+        total = total + policy_update.turn_loss(logp, reference, torch.tensor(turn.advantages), 0.1, normaliser)[0]
     total.backward()
     assert any(g.abs().max() > 0 for g in per_turn)
     for param, grad in zip(params, per_turn):
@@ -334,15 +335,15 @@ def test_rl_steps_raise_the_winning_answers_probability(algorithm, half_and_half
     settings = rl_settings(algorithm=algorithm, steps=4, group_size=8, instances_per_step=2, temperature=1.0,
                            lr=2e-2, warmup_ratio=0.0, max_new_tokens=8,
                            prime={"lr": 1e-2, "accuracy_filter": None})   # won groups stay in (tested apart)
-    cfg, tokenizer, model = trainer.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
-                                                        implicit_prm=algorithm == "prime")
+    cfg, tokenizer, model = policy_adapter.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
+                                                               implicit_prm=algorithm == "prime")
     rl = trainer.RLTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
     prompt = tokens(tokenizer, rl.policy.render(forced_prompt))
     win, lose = tokens(tokenizer, "GUESS: 1<|im_end|>"), tokens(tokenizer, "GUESS: 2<|im_end|>")
 
     def log_odds() -> float:
         model.eval()
-        with torch.no_grad(), using_adapter(model, trainer.POLICY_ADAPTER):
+        with torch.no_grad(), using_adapter(model, policy_adapter.POLICY_ADAPTER):
             return float(answer_logprobs(model, prompt, win).sum() - answer_logprobs(model, prompt, lose).sum())
 
     before = log_odds()

@@ -16,11 +16,12 @@ from clemprm import records
 from clemprm.config import rl_params
 from clemprm.stages import merge
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.games.hanabi.rewards import turn_rewards
 from clemprm.stages.rl_states import write_states
 from clemprm.models.tiny import build_tiny_model
-from clemprm.rl import grpo, rewards, trainer
+from clemprm.rl import grpo, policy_adapter, policy_update, rewards, trainer
 from clemprm.rl.logprobs import answer_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn, collect_groups
 from clemprm.training import write_adapter
@@ -63,8 +64,8 @@ def test_states_data_feeds_the_trainer_single_turn_prompts(states_file, test_cac
     all_states = records.read_records(states_file, records.STATES)
     assert [len(step) for step in schedule] == [2, 2, 2]
     assert len({state["state_id"] for step in schedule for _, state in step}) == len(all_states)  # 6 states, no repeat
-    cfg, tokenizer, model = trainer.load_training_model(settings["model"], None, test_cache_dir, implicit_prm=False,
-                                                        lora=rl_settings["lora"])
+    cfg, tokenizer, model = policy_adapter.load_training_model(settings["model"], None, test_cache_dir,
+                                                               implicit_prm=False, lora=rl_settings["lora"])
     with torch.no_grad():   # a fresh LoRA is the base (B = 0): move it, so merged generation differs from the base
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -84,7 +85,7 @@ def test_states_data_feeds_the_trainer_single_turn_prompts(states_file, test_cac
             assert sequence.reward == turn.reward and {"format", "exact_deduction"} <= set(turn.scores)
             # the sampler's log-probs (merged weights, eval mode) are the trainer's own distribution: ratio ~ 1
             model.eval()
-            with torch.no_grad(), using_adapter(model, trainer.POLICY_ADAPTER):
+            with torch.no_grad(), using_adapter(model, policy_adapter.POLICY_ADAPTER):
                 own = answer_logprobs(model, turn.prompt_ids, turn.completion_ids)
             assert len(turn.sampler_logprobs) == len(turn.completion_ids)
             assert torch.allclose(own, torch.tensor(turn.sampler_logprobs), atol=1e-4)
@@ -158,8 +159,8 @@ def test_per_turn_rewards_reach_their_turns_advantages(scripted_policy):
 
 
 def test_importance_sampling_gradient_equals_the_policy_gradient_on_policy(test_cache_dir):
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, None, test_cache_dir,
-                                                      implicit_prm=False, lora=FRESH_LORA)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, None, test_cache_dir,
+                                                             implicit_prm=False, lora=FRESH_LORA)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -170,17 +171,17 @@ def test_importance_sampling_gradient_equals_the_policy_gradient_on_policy(test_
                                       ("Deduce.", "DEDUCTION: R1 ??<|im_end|>", -1.2)]:
         completion = tokens(tokenizer, answer)
         turns.append(Turn(tokens(tokenizer, prompt), completion, advantages=[advantage] * len(completion)))
-    params = trainer.adapter_parameters(model, trainer.POLICY_ADAPTER)
-    normaliser = trainer.step_normaliser(turns, "tokens", 16)
+    params = policy_adapter.adapter_parameters(model, policy_adapter.POLICY_ADAPTER)
+    normaliser = policy_update.step_normaliser(turns, "tokens", 16)
 
     def gradients(loss: str) -> list[torch.Tensor]:
         for param in params:
             param.grad = None
-        trainer.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser, loss=loss)
+        policy_update.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser, loss=loss)
         return [param.grad.clone() for param in params]
 
-    with using_adapter(model, trainer.POLICY_ADAPTER):   # the sampler's log-probs: these weights, no gradients
-        trainer.record_sampler_logprobs(model, [Group(None, [], [Sequence("e", "Player A", turns)])])
+    with using_adapter(model, policy_adapter.POLICY_ADAPTER):   # the sampler's log-probs: these weights, no gradients
+        policy_update.record_sampler_logprobs(model, [Group(None, [], [Sequence("e", "Player A", turns)])])
     policy_gradient = gradients("policy_gradient")
     importance_sampling = gradients("importance_sampling")
     assert any(float(g.abs().max()) > 0 for g in policy_gradient)
@@ -192,15 +193,15 @@ def test_importance_sampling_gradient_equals_the_policy_gradient_on_policy(test_
     for a, b in zip(policy_gradient, gradients("importance_sampling")):
         assert torch.allclose(a * math.exp(-0.5), b, atol=1e-7, rtol=1e-4)
     with pytest.raises(ValueError, match="rl.loss"):
-        trainer.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser, loss="ppo")
+        policy_update.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser, loss="ppo")
 
 
 def test_a_fresh_lora_on_a_tied_lm_head_trains_and_merges(states_file, test_cache_dir, tmp_path):
     tied = tmp_path / "tied"
     build_tiny_model(0, tied, tie_word_embeddings=True)
     settings = hanabi_rl_settings(spec=str(tied), lr=5e-2, adam_betas=[0.9, 0.95])
-    cfg, tokenizer, model = trainer.load_training_model(settings["model"], None, test_cache_dir, implicit_prm=False,
-                                                        lora=settings["rl"]["lora"])
+    cfg, tokenizer, model = policy_adapter.load_training_model(settings["model"], None, test_cache_dir,
+                                                               implicit_prm=False, lora=settings["rl"]["lora"])
     base = model.get_base_model()
     assert base.lm_head.weight is base.model.embed_tokens.weight   # tied
     embedding = base.model.embed_tokens.weight.detach().clone()
@@ -210,13 +211,13 @@ def test_a_fresh_lora_on_a_tied_lm_head_trains_and_merges(states_file, test_cach
     prompt = tokens(tokenizer, rl.policy.render(list(row["messages"])))
     turns = [Turn(prompt, tokens(tokenizer, row["reference"] + "<|im_end|>"), advantages=None)]
     turns[0].advantages = [1.0] * len(turns[0].completion_ids)
-    normaliser = trainer.step_normaliser(turns, "tokens", 16)
-    trainer.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser)
+    normaliser = policy_update.step_normaliser(turns, "tokens", 16)
+    policy_update.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser)
     lm_head_b = [param for name, param in model.named_parameters() if "lm_head.lora_B" in name]
     assert lm_head_b and float(lm_head_b[0].grad.abs().max()) > 0   # the lm_head LoRA gets a gradient
     rl.optimizer.step()
     assert float(lm_head_b[0].detach().abs().max()) > 0 and torch.equal(base.model.embed_tokens.weight, embedding)
-    write_adapter(model, cfg.spec, tmp_path / "adapter", [trainer.POLICY_ADAPTER])
+    write_adapter(model, cfg.spec, tmp_path / "adapter", [policy_adapter.POLICY_ADAPTER])
     saved_adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
     assert all("lora_" in key for key in saved_adapter)   # not PEFT's copy of the whole lm_head matrix
     merge_settings = merge.merge_params(tiny_config(model={"spec": str(tied)}, merge={"contrasts": True}), "causal-lm")

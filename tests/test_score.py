@@ -15,8 +15,9 @@ from clemprm import records
 from clemprm.evaluation import evaluate
 from clemprm.play.catalog import GameCatalog
 from clemprm.config import eval_mode_params
-from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.rl import score, trainer
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
+from clemprm.rl import policy_adapter, policy_update, score
 from clemprm.rl.attempts import (check_single_player_games, single_player_problems, start_second_attempt)
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
@@ -130,8 +131,8 @@ def score_prefix_of(engine, policy) -> str:
 @pytest.fixture(scope="module")
 def training_model(tmp_path_factory, test_cache_dir):
     adapter = random_adapter(tmp_path_factory.mktemp("score-adapter") / "a", 5, test_cache_dir)
-    _, tokenizer, model = trainer.load_training_model({"spec": "tiny:0", "threads": 1}, adapter, test_cache_dir,
-                                                      implicit_prm=False)
+    _, tokenizer, model = policy_adapter.load_training_model({"spec": "tiny:0", "threads": 1}, adapter, test_cache_dir,
+                                                             implicit_prm=False)
     model.eval()   # no dropout: the manual and the trainer's passes see the same function
     return tokenizer, model
 
@@ -151,21 +152,21 @@ def two_attempts(tokenizer, r1: float, r2: float) -> score.TwoAttempts:
 def policy_gradients(model, groups, stage: score.ScoreStage) -> tuple[list[torch.Tensor], float]:
     stage.assign(None, groups)
     turns = [turn for group in groups for sequence in group.sequences for turn in sequence.turns]
-    normaliser = trainer.step_normaliser(turns, "constant", 24)
-    params = trainer.adapter_parameters(model, trainer.POLICY_ADAPTER)
+    normaliser = policy_update.step_normaliser(turns, "constant", 24)
+    params = policy_adapter.adapter_parameters(model, policy_adapter.POLICY_ADAPTER)
     for param in params:
         param.grad = None
-    trainer.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser)
+    policy_update.accumulate_policy_gradients(model, turns, kl_beta=0.0, normaliser=normaliser)
     return [param.grad.clone() if param.grad is not None else torch.zeros_like(param) for param in params], normaliser
 
 
 def manual_gradients(model, terms, normaliser) -> list[torch.Tensor]:
     """Gradients of ``sum(-advantage * logp(turn) + kl_weight * K3(turn)) / normaliser`` over ``terms``."""
-    params = trainer.adapter_parameters(model, trainer.POLICY_ADAPTER)
+    params = policy_adapter.adapter_parameters(model, policy_adapter.POLICY_ADAPTER)
     for param in params:
         param.grad = None
     total = 0
-    with using_adapter(model, trainer.POLICY_ADAPTER):
+    with using_adapter(model, policy_adapter.POLICY_ADAPTER):
         for turn, advantage, kl_weight in terms:
             logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids)
             d = reference_logprobs(model, turn.prompt_ids, turn.completion_ids) - logp
@@ -240,8 +241,8 @@ def half_and_half_sft(tmp_path_factory, forced_prompts, test_cache_dir):
 def test_score_steps_raise_success_at_attempt_two_on_a_forced_game(half_and_half_sft, forced_prompts, test_cache_dir):
     settings = score_settings(stage1_steps=3, stage2_steps=1, group_size=8, instances_per_step=2, temperature=1.0,
                               lr=2e-2, warmup_ratio=0.0, max_new_tokens=8)
-    cfg, tokenizer, model = trainer.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
-                                                        implicit_prm=False)
+    cfg, tokenizer, model = policy_adapter.load_training_model(settings["model"], half_and_half_sft, test_cache_dir,
+                                                               implicit_prm=False)
     scorer = score.ScoreTrainer(settings, cfg, tokenizer, model, GameCatalog(settings["games"]))
     policy = scorer.trainer.policy
     win, lose = tokens(tokenizer, "GUESS: 1<|im_end|>"), tokens(tokenizer, "GUESS: 2<|im_end|>")
@@ -250,7 +251,7 @@ def test_score_steps_raise_success_at_attempt_two_on_a_forced_game(half_and_half
         """P(win) at attempt 2 after attempt 1 ended ``outcome``, of the two answers the SFT policy gives."""
         prompt = tokens(tokenizer, policy.render(forced_prompts[outcome]))
         model.eval()
-        with torch.no_grad(), using_adapter(model, trainer.POLICY_ADAPTER):
+        with torch.no_grad(), using_adapter(model, policy_adapter.POLICY_ADAPTER):
             odds = float(answer_logprobs(model, prompt, win).sum() - answer_logprobs(model, prompt, lose).sum())
         return 1 / (1 + torch.exp(torch.tensor(-odds)).item())
 

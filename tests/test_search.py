@@ -8,7 +8,8 @@ import math
 import pytest
 
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.stats import derive_seed
 from clemprm.search import Pair, RandomScorer, RuleScorer
 from clemprm.search.beam_search import Beam, beam_search
@@ -39,7 +40,7 @@ def catalog():
 
 @pytest.fixture(scope="module")
 def seeded_policy(scripted_policy):
-    from clemprm.play.engine import Generation
+    from clemprm.play.contract import Generation
 
     class SeededPolicy(scripted_policy):
         """A policy whose answer is ``answer(messages, seed)``: candidates differ by seed, as sampled ones do."""
@@ -296,7 +297,7 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
     settings = prm_settings(lr=3e-3, epochs=8, batch_size=8, grad_accum=1, validation_fraction=0.0)
     labels_path = tmp_path / "labels.parquet"
     records.write_records(labels_path, rows, records.SOFT_LABELS, {})
-    prm.train_prm(settings, str(labels_path), str(tmp_path / "adapter"), str(tmp_path / "metrics.json"),
+    prm.train_prm(settings, str(labels_path), str(tmp_path / "adapter"), str(tmp_path / "predictions.parquet"),
                   test_cache_dir)
     scorer = load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
 

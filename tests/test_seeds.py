@@ -235,7 +235,7 @@ def write_run(run: Path, kind: str, scores: list[float]) -> None:
     prm_eval.json (of no mode), made from it."""
     from clemprm.config import sections
     from clemprm.evaluation import evaluate
-    from clemprm.stages.prm import Example
+    from clemprm.stages.prm_data import Example
     from clemprm.stages.prm_metrics import ranking_metrics
 
     examples = [Example([1], False, float(i % 2 == 0), ("wordle", "0_high", str(i // 4)), state_id=str(i // 2))
@@ -269,16 +269,19 @@ def test_each_kind_is_read_from_its_own_folder_and_a_run_in_the_wrong_folder_is_
 
 
 def test_a_probe_run_starts_from_the_lora_run_keeping_the_soft_labels_and_the_controls_episodes(tmp_path):
-    """blind-probe starts as a copy of the blind run (mtimes and Snakemake's metadata kept) less the PRM, what reads
-    it, the summary and the report, and less the logs and times of the shared stages; lookahead keeps no mode of the
-    blind run (it plays others); a run started before is left as it is."""
+    """blind-probe starts as a copy of the blind run (mtimes and Snakemake's metadata kept) less the PRM (its adapter,
+    predictions and metrics: the probe retrains and remeasures), what reads it, the summary and the report, and less
+    the logs and times of the shared stages; lookahead keeps no mode of the blind run (it plays others); a run started
+    before is left as it is."""
     blind = seeds.seed_dir(tmp_path, 7, "blind")
     metadata = "cmVzdWx0cy9wcm1fZXZhbC5qc29u"   # Snakemake's record of results/prm_eval.json
     made = ["results/labels/soft_labels.parquet", "results/rollouts/base_train.parquet", "results/prm/metrics.json",
-            "results/prm_eval.json", "results/report/prm_calibration.png", "results/eval/random_of_n.parquet",
+            "results/prm/predictions.parquet", "results/prm/adapter/adapter_config.json", "results/prm_eval.json",
+            "results/report/prm_calibration.png", "results/eval/random_of_n.parquet",
             "results/eval/best_of_n.parquet", "results/eval/best_of_n_logprob.parquet",
             "results/clembench/random_of_n/run/instance.json", "results/clembench/best_of_n/run/instance.json",
-            "results/logs/soft_labels/0.log", "results/logs/prm_adapter.log", "results/logs/eval/random_of_n.log",
+            "results/logs/soft_labels/0.log", "results/logs/prm_adapter.log", "results/logs/prm_metrics.log",
+            "results/logs/eval/random_of_n.log",
             "results/logs/eval/best_of_n.log", "results/benchmarks/prm_adapter.tsv",
             "results/benchmarks/eval/random_of_n.tsv", "results/benchmarks/eval/best_of_n.tsv",
             f".snakemake/metadata/{metadata}"]

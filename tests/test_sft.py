@@ -207,7 +207,8 @@ def test_trained_answers_become_greedy_answers_of_base_plus_adapter(trained, bas
 
 def test_adapter_plays_games_through_the_engine_differently_from_the_base(trained, base_policy, test_cache_dir):
     from clemprm.play.catalog import GameCatalog
-    from clemprm.play.engine import RolloutEngine, Sampling
+    from clemprm.play.contract import Sampling
+    from clemprm.play.engine import RolloutEngine
 
     catalog = GameCatalog(trained["games"])
     instances = catalog.all_instances("validation")

@@ -142,8 +142,8 @@ def test_every_prm_step_loss_is_in_tensorboard(tmp_path, test_cache_dir):
     run = TrackingRun("tensorboard", "prm_adapter", str(tmp_path / "tracking"))
     settings = prm_settings(lr=3e-3, epochs=2, batch_size=8, grad_accum=1, validation_fraction=0.25)
     metrics = prm.train_prm(settings, write_labels(tmp_path / "labels.parquet", soft_label_rows()),
-                            str(tmp_path / "adapter"), str(tmp_path / "metrics.json"), test_cache_dir,
-                            on_failure="continue", tracking=run)   # two epochs: the quality gate is not the point
+                            str(tmp_path / "adapter"), str(tmp_path / "predictions.parquet"), test_cache_dir,
+                            tracking=run)   # the training record
     steps = tensorboard_steps(tmp_path / "tracking" / "prm_adapter")
     assert metrics["steps"] >= 4 and steps["train/loss"] == list(range(1, metrics["steps"] + 1))
 

@@ -92,13 +92,13 @@ def test_base_rollouts_through_vllm_are_complete_and_the_same_run_to_run(server,
 @pytest.fixture(scope="module")
 def branch_points(server, test_cache_dir, tmp_path_factory) -> Path:
     """The base policy's branch points (through the server), 8 of them: two checkpoint chunks of 4."""
-    from clemprm.stages import labels
+    from clemprm.stages import branch_points as stage   # this fixture's own name is branch_points
 
     folder = tmp_path_factory.mktemp("branch-points")
     config = config_for(server, test_cache_dir, branch_points={"episodes_per_instance": 2, "max_per_episode": 2,
                                                                "max_new_tokens": 16, "validation_instances": 0})
-    labels.branch_points(settings_of(config, "branch_points"), None, str(folder / "episodes.parquet"),
-                         str(folder / "branch_points.parquet"), test_cache_dir)
+    stage.branch_points(settings_of(config, "branch_points"), None, str(folder / "episodes.parquet"),
+                        str(folder / "branch_points.parquet"), test_cache_dir)
     rows = records.read_records(folder / "branch_points.parquet")
     assert len(rows) >= 8
     return folder / "branch_points.parquet"

@@ -9,6 +9,7 @@ fixture games (tests/test_clembench.py checks those, and a game whose every epis
 from __future__ import annotations
 
 import base64
+import collections
 import functools
 import json
 import os
@@ -154,7 +155,7 @@ def changed_config(run: CompletedRun, folder: Path, **sections) -> Path:
 def test_dry_run_lists_the_rules(workdir):
     planned = planned_rules(snakemake(workdir, "-n").stdout)
     assert {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "soft_labels", "gather_soft_labels",
-            "gather_answers", "prm_adapter", "eval_summary", "all", *DEFAULT_EVAL_MODES} <= planned
+            "gather_answers", "prm_adapter", "prm_metrics", "eval_summary", "all", *DEFAULT_EVAL_MODES} <= planned
 
 
 def test_malformed_config_fails_at_parse_time_naming_the_key(workdir):
@@ -176,7 +177,7 @@ def test_a_rules_params_leave_out_what_only_says_how_its_job_runs():
     mode = eval_mode_params(config, "best_of_n")
     params = rule_params("eval_mode", mode, config)
     assert set(params["games"]["max_instances"]) == {"test"} and "bootstrap_samples" not in params["prm"]
-    assert "on_failure" not in params["prm"]["gate"] and "min_spread_ratio" in params["prm"]["gate"]
+    assert "gate" not in params["prm"] and "ci" not in params["prm"] and "lr" in params["prm"]   # rule prm_metrics's
     assert job_settings(SimpleNamespace(rule="eval_mode", params=SimpleNamespace(settings=params), config=config)) \
         == mode
 
@@ -225,10 +226,22 @@ def test_answers_with_verdicts(completed_run):
     assert "first played in: base_rollouts" in inspect_file(results / "labels/answers.parquet")
 
 
-def test_prm_adapter(completed_run):
-    metrics = json.loads((completed_run.workdir / "results/prm/metrics.json").read_text())
+def test_prm_adapter_and_prm_metrics(completed_run):
+    """prm_adapter writes the adapter and every side's predictions (the training record in their provenance);
+    prm_metrics measures them: the metrics hold the training record and the held-out ranking of every side's rows."""
+    results = completed_run.workdir / "results"
+    metrics = json.loads((results / "prm/metrics.json").read_text())
     assert metrics["status"] == "trained" and metrics["config"]["prm"]["epochs"] == 1
-    assert (completed_run.workdir / "results/prm/adapter/adapter_model.safetensors").is_file()
+    assert (results / "prm/adapter/adapter_model.safetensors").is_file()
+    predicted = records.read_records(results / "prm/predictions.parquet", records.PRM_PREDICTIONS)
+    training = records.read_provenance(results / "prm/predictions.parquet")["training"]
+    assert training["steps"] == metrics["steps"] and training["history"] == metrics["history"]
+    assert collections.Counter(row["side"] for row in predicted) == {
+        side: count for side, count in metrics["examples"].items() if side in ("train", "validation", "heldout")
+        and count}
+    ranked = metrics["ranking"]["side"]   # validation: the tiny run holds out no validation-split states
+    assert metrics["evaluation"][ranked]["n"] == sum(row["side"] == ranked for row in predicted) > 0
+    assert sum(row["policy_logprob"] is not None for row in predicted if row["side"] == ranked) > 0
 
 
 def test_eval_modes_and_summary(completed_run):
@@ -315,7 +328,7 @@ def _none_as_nan(value):
 def test_every_rule_logs_and_benchmarks(completed_run):
     results = completed_run.workdir / "results"
     finished = set(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", completed_run.output)) - {"all"}
-    assert {"base_rollouts", "soft_labels", "prm_adapter", "eval_summary", "eval_report_figures",
+    assert {"base_rollouts", "soft_labels", "prm_adapter", "prm_metrics", "eval_summary", "eval_report_figures",
             "eval_transcripts"} <= finished
     for rule in finished:   # a rule with wildcards (a label shard, a merge) logs into a folder of its name
         name = {"soft_labels": "soft_labels/0-of-2", "merge": "merge/sft", "rl_adapter": "rl_adapter/grpo",
@@ -372,7 +385,7 @@ RERUNS = {
     "labels": ({"labels": {"k": 3}},
                {"soft_labels", "gather_soft_labels", "gather_answers", "prm_adapter", "best_of_n"},
                {"base_rollouts", "win_filter", "sft_adapter", "branch_points", "greedy_base", "greedy_sft"}),
-    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "best_of_n", "eval_summary", "merge"},
+    "prm": ({"prm": {"lr": 1e-3}}, {"prm_adapter", "prm_metrics", "best_of_n", "eval_summary", "merge"},
             set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n_logprob"}),
     # eval settings rerun only the modes that play by them: the bootstrap only the summary, a beam key no mode here
     "eval": ({"eval": {"bootstrap_samples": 150, "beam_width": 1}},
@@ -381,6 +394,10 @@ RERUNS = {
     "rl": ({"rl": {"lr": 1e-4}}, {"rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "eval_summary"},
            set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob"}),
     # score.* reruns SCoRe, its eval mode, the summary and the figures after it; no other stage or mode
+    # how the PRM is measured (prm.ci, the gate's thresholds) reruns its metrics and what reads them, not its training
+    # or a search with it or its merge (their input metrics.json is ancient)
+    "prm_metrics": ({"prm": {"ci": 0.9, "gate": {"min_spread_ratio": 0.5}}}, {"prm_metrics", "eval_summary"},
+                    set(UPSTREAM) | {"prm_adapter", "eval_mode", "merge", "self_correct"} | EVAL_MODES),
     "score": ({"score": {"lr": 1e-4}}, {"score_adapter", "self_correct", "eval_summary", "self_correction_figure"},
               set(UPSTREAM) | {"greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob",
                                "rl_adapter", "greedy_rl_grpo", "greedy_rl_prime", "prm_adapter"}),
@@ -406,7 +423,8 @@ KEY_CHANGES = {
     "games.max_instances.validation": 2, "games.max_instances.test": 2, "base_rollouts.temperature": 0.5,
     "win_filter.min_bench_score": 50.0, "sft.lr": 2e-3, "branch_points.siblings": 3, "labels.k": 3,
     "labels.shards": 3, "labels.checkpoint_every": 5, "prm.lr": 1e-3, "prm.ci": 0.9,
-    "prm.gate.min_spread_ratio": 0.5, "prm.bootstrap_samples": 200, "prm.gate.on_failure": "stop",
+    "prm.gate.min_spread_ratio": 0.5, "prm.gate.max_mean_gap": 0.3, "prm.bootstrap_samples": 200,
+    "prm.gate.on_failure": "stop",
     "eval.split": "test", "eval.bootstrap_samples": 150, "rl.lr": 1e-4, "score.lr": 1e-4, "merge.dtype": "bfloat16",
     "on_failure": "stop", "cache_dir": "elsewhere", "tracking.report_to": "tensorboard",
     "generation.vllm.concurrency": 8,

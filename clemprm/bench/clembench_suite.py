@@ -88,9 +88,9 @@ def partial_score_kind(game: str, catalog, policy, seed: int) -> str:
     """How a capped continuation of ``game`` is scored: its ``partial_bench_score()``, or its own scorer on the
     episode closed as lost (0 where that yields no score), probed after each of the first answers of the game's own
     programmatic players (clembench players implement ``_custom_response``: moves in the game's format)."""
-    from clemprm.play.engine import RolloutEngine, Sampling
-    from clemprm.play.engine import Generation
-    from clemprm.stages.labels import ContinuationError, closed_as_lost_score
+    from clemprm.play.contract import Generation, Sampling
+    from clemprm.play.engine import RolloutEngine
+    from clemprm.stages.continuation_scores import ContinuationError, closed_as_lost_score
 
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, 48))
     episode = engine.start(catalog.instances(game, "train")[0], [policy], f"{game}/probe", seed)
@@ -122,7 +122,7 @@ def run_game(args, game: str, policy, workdir: Path) -> dict:
     """One game through every stage; what happened, as one table row."""
     from clemprm import records
     from clemprm.evaluation import evaluate
-    from clemprm.stages import labels, rollouts
+    from clemprm.stages import branch_points, continuation_scores, labels, rollouts
     from clemprm.play.catalog import GameCatalog
     from clemprm.checks.parse_time import check_config_inputs
     from clemprm.config import eval_mode_params, sections
@@ -154,12 +154,12 @@ def run_game(args, game: str, policy, workdir: Path) -> dict:
     row["base"] = episode_stats(base)
     bp_settings = sections(settings, "seed", "model", "games", "branch_points")
     bp_episodes = out / "bp_episodes.parquet"
-    bps = stage("branch_points", lambda: labels.branch_points(
+    bps = stage("branch_points", lambda: branch_points.branch_points(
         bp_settings, None, bp_episodes, out / "bp.parquet", policy=policy, on_failure="continue"))
     played = episode_stats(records.read_records(bp_episodes)) if bp_episodes.exists() else "-"
     row["branch_points"] = f"{played}; {len(bps or [])} branch points"
     if bps:
-        errors = labels.ErrorCounts()
+        errors = continuation_scores.ErrorCounts()
         soft = stage("soft_labels", lambda: labels.soft_labels_shard(
             sections(settings, "seed", "model", "games", "labels"), out / "bp.parquet", None, 0, 1,
             out / "labels.parquet", policy=policy, errors=errors)) or []

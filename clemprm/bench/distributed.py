@@ -54,11 +54,11 @@ def run_task(task: str, work: Path, out: Path, cache_dir: str, instances: int) -
     start = time.perf_counter()
     if task == "inputs":   # the SFT data and the branch points the label shard labels
         from clemprm import records
-        from clemprm.stages import labels
+        from clemprm.stages import branch_points
         from tests.test_sft import synthetic_rows
         records.write_records(work / "sft_data.parquet", synthetic_rows(), records.INTERACTIONS, {})
-        labels.branch_points({k: config[k] for k in ("seed", "model", "games", "branch_points")}, None,
-                             str(work / "episodes.parquet"), str(work / "branch_points.parquet"), cache_dir)
+        branch_points.branch_points({k: config[k] for k in ("seed", "model", "games", "branch_points")}, None,
+                                    str(work / "episodes.parquet"), str(work / "branch_points.parquet"), cache_dir)
     elif task == "sft":
         from clemprm.stages import sft
         sft.train_sft({k: config[k] for k in ("seed", "model", "sft")}, str(work / "sft_data.parquet"),

@@ -19,7 +19,8 @@ from clemprm.config import load_config
 from clemprm.models.generation import PolicyModel
 from clemprm.models.loader import ModelConfig
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 
 REPEATS_ITSELF = True
 

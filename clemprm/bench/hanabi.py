@@ -81,7 +81,8 @@ def rule_based_vs_random(figures: Figures) -> None:
 def smollm2(episodes: int, config_path: str, figures: Figures) -> None:
     from clemprm.play.catalog import GameCatalog
     from clemprm.config import load_config
-    from clemprm.play.engine import RolloutEngine, Sampling
+    from clemprm.play.contract import Sampling
+    from clemprm.play.engine import RolloutEngine
     from clemprm.games.hanabi.rewards import REWARD_KEYS, turn_rewards
     from clemprm.models.generation import load_policy
 

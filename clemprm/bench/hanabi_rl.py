@@ -50,7 +50,8 @@ def games(engine, catalog, policy, sampling, seed: int) -> list[dict]:
 
 def measure(label: str, model_settings: dict, config: dict, states: list[dict], samples: int) -> dict:
     from clemprm.play.catalog import GameCatalog
-    from clemprm.play.engine import RolloutEngine, Sampling
+    from clemprm.play.contract import Sampling
+    from clemprm.play.engine import RolloutEngine
     from clemprm.rl.rewards import weighted_turn_reward
     from clemprm.models.generation import load_policy
 

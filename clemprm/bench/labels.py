@@ -20,8 +20,9 @@ from clemprm.config import load_config
 from clemprm.models.generation import PolicyModel
 from clemprm.models.loader import ModelConfig
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.stages import labels
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
+from clemprm.stages import branch_points, labels
 
 REPEATS_ITSELF = True
 
@@ -43,11 +44,11 @@ def run(args) -> Figures:
                 "labels": {**config["labels"], "k": args.k, "temperature": 0.0, "max_new_tokens": args.max_new_tokens,
                            "max_rollout_rounds": 1000}}
     policy = PolicyModel(ModelConfig(spec=args.model, threads=args.threads), max_new_tokens=args.max_new_tokens)
-    bps = labels.branch_points(settings, None, str(args.workdir / "episodes.parquet"),
-                               str(args.workdir / "branch_points.parquet"), policy=policy)
+    bps = branch_points.branch_points(settings, None, str(args.workdir / "episodes.parquet"),
+                                      str(args.workdir / "branch_points.parquet"), policy=policy)
     catalog = GameCatalog(settings["games"], settings["seed"])   # as the branch-point stage draws its instances
     engine = RolloutEngine(catalog, Sampling(0.0, 1.0, args.max_new_tokens))
-    states = labels.BranchPointStates(engine, catalog, policy, settings["seed"])
+    states = branch_points.BranchPointStates(engine, catalog, policy, settings["seed"])
     live = [bp for bp, root in zip(bps, states.states(bps)) if not root.done]
     n_continuations = len(live) * args.k
     figures = Figures("labels")

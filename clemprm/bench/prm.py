@@ -132,16 +132,16 @@ def bench_training(args, figures: Figures) -> None:
     from clemprm.config import load_config
     from clemprm.models.loader import load_tokenizer_and_model
     from clemprm.models.scoring import logits_sharing_prefixes, pad_right
-    from clemprm.stages import prm
+    from clemprm.stages import prm, prm_data
     from clemprm.training import lora_config
 
     settings = load_config()["prm"]
     cfg = ModelConfig(spec=args.training_model, threads=args.threads, cache_dir=args.cache_dir)
     tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="seq-cls")
     model = get_peft_model(model, lora_config({**settings["lora"], "dropout": 0.0}, "SEQ_CLS"))
-    examples = prm.build_examples(prm.read_labels(args.training), tokenizer, cfg.chat_template_kwargs,
-                                  settings["max_length"])
-    states = [group for group in prm.sibling_groups(examples) if len(group) > 1]
+    examples = prm_data.build_examples(prm_data.read_labels(args.training), tokenizer, cfg.chat_template_kwargs,
+                                       settings["max_length"])
+    states = [group for group in prm_data.sibling_groups(examples) if len(group) > 1]
     batches = [states[i:i + settings["batch_size"]] for i in range(0, len(states), settings["batch_size"])]
     batches = random.Random(0).sample(batches, min(args.batches, len(batches)))
     figures.note(f"{cfg.short_name} training step, {torch.get_num_threads()} threads: {len(examples)} pairs in "

@@ -8,9 +8,10 @@ Soft labels are made once into ``DIR/soft_labels.parquet`` (reused when there): 
 branch points (``branch_points.max_per_episode``) with ``--siblings`` candidates each, each labelled by ``--k``
 continuations (the ``branch_points`` and ``soft_labels`` stages' own functions); ``--results`` takes a pipeline's
 results folder instead: its ``labels/soft_labels.parquet``, its SFT adapter (the log-probability baseline's policy)
-and its ``labels/answers.parquet`` (for variants with acceptance_examples). Then the PRM stage
-(:func:`clemprm.stages.prm.train_prm`) trains once per ``--variant NAME:key=value,...`` (keys of the ``prm``
-section, e.g. ``pairwise_weight``, ``lr``, ``epochs``) on the same labels and the same instance split, and the
+and its ``labels/answers.parquet`` (for variants with acceptance_examples). Then the PRM stages
+(:func:`clemprm.stages.prm.train_prm`, :func:`clemprm.stages.prm_evaluation.measure_prm`) train and measure once
+per ``--variant NAME:key=value,...`` (keys of the ``prm`` section, e.g. ``pairwise_weight``, ``lr``, ``epochs``) on
+the same labels and the same instance split, and the
 benchmark reports each variant's held-out figures next to the baselines': within-prefix pairwise accuracy, top-1
 regret and the pick's label (bootstrap CIs over held-out instances), global AUROC and Pearson, and the training
 time.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from clemprm.bench import Figures, RunFiles
 from clemprm.config import deep_merge, load_config
-from clemprm.stages import labels, prm
+from clemprm.stages import branch_points, labels, prm, prm_evaluation
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -44,7 +45,7 @@ def make_labels(config: dict, workdir: Path) -> Path:
         return output
     settings = {name: config[name] for name in ("seed", "model", "games", "branch_points", "labels")}
     start = time.perf_counter()
-    rows = labels.branch_points(settings, None, str(workdir / "episodes.parquet"), str(workdir / "bp.parquet"))
+    rows = branch_points.branch_points(settings, None, str(workdir / "episodes.parquet"), str(workdir / "bp.parquet"))
     bp_seconds = time.perf_counter() - start
     start = time.perf_counter()
     labels.soft_labels_shard(settings, str(workdir / "bp.parquet"), None, 0, 1, str(output))
@@ -94,8 +95,10 @@ def run(args) -> Figures:
         settings = {"seed": config["seed"], "model": config["model"], "prm": deep_merge(config["prm"], overrides)}
         folder = args.workdir / name
         # a variant that fails the quality gate is a result here, not an error
-        metrics = prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "metrics.json"),
-                                sft_adapter=sft_adapter, on_failure="continue", answers_path=answers)
+        prm.train_prm(settings, str(labels_path), str(folder / "adapter"), str(folder / "predictions.parquet"),
+                      sft_adapter=sft_adapter, answers_path=answers)
+        metrics = prm_evaluation.measure_prm(settings, str(labels_path), str(folder / "predictions.parquet"),
+                                             str(folder / "metrics.json"), on_failure="continue")
         results[name] = metrics
     first = next(iter(results.values()))
     ranking, side = first["ranking"], first["ranking"]["side"]

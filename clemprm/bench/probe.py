@@ -9,8 +9,8 @@ instances of the configured games (``--episodes`` per instance) with the policy 
 and the benchmark reports, per mode (``--repeat`` interleaved rounds: every round plays the same
 episodes), wall seconds, episodes, turns, the policy's generated tokens (``SearchCost``), the
 PRM's pairs, tokens read and seconds (``scorer.stats``). The probe reads the policy's own weights through the same
-text the LoRA PRM reads, so without shared forward passes (issue 56, part 3) it costs a second forward per candidate
-as the LoRA PRM does.
+text the LoRA PRM reads, a turn's candidates on their shared prompt (one pass over the prompt, N short ones over the
+answers); ``best_of_n (probe, unshared)`` is the same probe reading every candidate in full, side by side.
 
     python -m clemprm.bench probe                 # the tiny model (tiny:0)
     python -m clemprm.bench probe --smollm2 --episodes 1
@@ -27,7 +27,8 @@ from clemprm.config import load_config
 from clemprm.models.generation import load_policy
 from clemprm.models.prm import load_prm
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.search import RandomScorer
 from clemprm.search.best_of_n import best_of_n
 from clemprm.stages import prm
@@ -107,9 +108,12 @@ def run(args) -> Figures:
         section = {**config["prm"], "kind": kind}
         settings = {"seed": args.seed, "model": config["model"], "prm": section}
         start = time.perf_counter()
-        prm.train_prm(settings, str(labels), f"{work}/{kind}", f"{work}/{kind}.json", on_failure="continue")
+        prm.train_prm(settings, str(labels), f"{work}/{kind}", f"{work}/{kind}.parquet")
         figures.note(f"prm.kind {kind}: fitted in {time.perf_counter() - start:.1f} s")
         scorers[f"best_of_n ({kind})"] = load_prm(config["model"], section, f"{work}/{kind}")
+    unshared = load_prm(config["model"], {**config["prm"], "kind": "probe"}, f"{work}/probe")
+    unshared.features.share_prefixes = False
+    scorers["best_of_n (probe, unshared)"] = unshared
     for _ in range(args.repeat):
         for name, scorer in scorers.items():
             row = play(name, catalog, policy, scorer, args.n, sampling, args.episodes, args.seed)
@@ -119,8 +123,10 @@ def run(args) -> Figures:
                         "tokens/s")
             figures.note(f"{name}: {row['episodes']} episodes, {row['turns']} turns, {row['policy_tokens']} policy "
                          f"tokens, {row['prm_pairs']} PRM pairs, {row['prm_tokens']} PRM tokens")
-    for kind in ("lora", "probe"):
+    for kind in ("lora", "probe", "probe, unshared"):
         figures.ratio(f"best_of_n ({kind}) / random_of_n, s/turn", f"best_of_n ({kind}): seconds_per_turn",
                       "random_of_n: seconds_per_turn")
+    figures.ratio("probe: unshared / shared prompt, PRM s", "best_of_n (probe, unshared): prm_seconds",
+                  "best_of_n (probe): prm_seconds")
     figures.note(f"{spec}, n {args.n}")
     return figures

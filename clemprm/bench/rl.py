@@ -65,7 +65,7 @@ class HFOneAtATime:
     def generate(self, perspectives, seeds=None, temperature=0.7, top_p=1.0, max_new_tokens=24):
         import torch
 
-        from clemprm.play.engine import Generation
+        from clemprm.play.contract import Generation
 
         tokenizer, model = self.policy.tokenizer, self.policy.model
         out = []
@@ -87,7 +87,8 @@ def bench_rollouts(args, adapter: str, figures: Figures) -> None:
     from clemprm.config import load_config, rl_params
     from clemprm.play.engine import RolloutEngine
     from clemprm.stats import derive_seed
-    from clemprm.rl.trainer import RLTrainer, instance_schedule, load_training_model
+    from clemprm.rl.policy_adapter import load_training_model
+    from clemprm.rl.trainer import RLTrainer, instance_schedule
 
     config = load_config(overrides={"model": {"threads": args.threads},
                                     "rl": {"group_size": args.group_size, "instances_per_step": args.instances}})
@@ -140,7 +141,8 @@ def memory_case(adapter: str, turns: int, mode: str, threads: int) -> dict:
 
     from clemprm.rl.logprobs import answer_logprobs, reference_logprobs
     from clemprm.rl.rollouts import Turn
-    from clemprm.rl.trainer import accumulate_policy_gradients, load_training_model, step_normaliser, turn_loss
+    from clemprm.rl.policy_adapter import load_training_model
+    from clemprm.rl.policy_update import accumulate_policy_gradients, step_normaliser, turn_loss
 
     _, _, model = load_training_model({"spec": SPEC, "threads": threads}, adapter, None, implicit_prm=False)
     model.train()

@@ -116,7 +116,8 @@ def run(args) -> Figures:
 
     if not args.skip_play:
         from clemprm.play.catalog import GameCatalog
-        from clemprm.play.engine import RolloutEngine, Sampling
+        from clemprm.play.contract import Sampling
+        from clemprm.play.engine import RolloutEngine
         from clemprm.models.loader import ModelConfig
         from clemprm.models.generation import PolicyModel
 

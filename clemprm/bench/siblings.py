@@ -6,12 +6,12 @@
 The policy (the base ``--model``; the pipeline uses the SFT policy, which plays alike in cost) plays ``--instances``
 train instances per built-in game once; their branch points (``branch_points.max_per_episode`` per episode) are the
 states. Then, for each M of ``--siblings``: the M - 1 siblings sampled from each state
-(:func:`clemprm.stages.labels.with_siblings`, the branch-point stage's part that grows with M), and the K-continuation
-soft labels of all M candidates of every state (:func:`clemprm.stages.labels.label_chunk`, the soft-label stage), once
-with the decoder's prefix store (``model.prefix_cache_mb``: a fork or a game's next turn prefills only its new
-tokens) and once without it, side by side. Reports seconds per state (sibling sampling + labels), continuations/s,
-the cost relative to M = 1, the store's saving, and how many states' siblings got different labels (what a PRM
-trained on siblings can learn from).
+(:func:`clemprm.stages.branch_points.with_siblings`, the branch-point stage's part that grows with M), and the
+K-continuation soft labels of all M candidates of every state (:func:`clemprm.stages.labels.label_chunk`, the
+soft-label stage), once with the decoder's prefix store (``model.prefix_cache_mb``: a fork or a game's next turn
+prefills only its new tokens) and once without it, side by side. Reports seconds per state (sibling sampling +
+labels), continuations/s, the cost relative to M = 1, the store's saving, and how many states' siblings got different
+labels (what a PRM trained on siblings can learn from).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from clemprm.bench import Figures
 from clemprm.config import load_config
 from clemprm.models.generation import load_policy
 from clemprm.play.catalog import GameCatalog
-from clemprm.play.engine import RolloutEngine, Sampling
-from clemprm.stages import labels
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
+from clemprm.stages import branch_points, labels
 
 
 def add_arguments(parser) -> None:
@@ -49,8 +50,8 @@ def run(args) -> Figures:
     episodes = engine.play(catalog.all_instances("train"), [policy], repeats=1, base_seed=seed, stage="branch_points",
                            policy_name=policy.name)
     play_seconds = time.perf_counter() - start
-    states = [row for episode in episodes for row in labels.branch_points_of(episode, bp_settings["max_per_episode"],
-                                                                               seed)]
+    states = [row for episode in episodes
+              for row in branch_points.branch_points_of(episode, bp_settings["max_per_episode"], seed)]
     figures = Figures("siblings")
     figures.note(f"model {policy.name}, {args.threads} threads, {len(episodes)} episodes played in {play_seconds:.1f} "
                  f"s, {len(states)} states, K={args.k}, labels max {label_settings['max_new_tokens']} new tokens")
@@ -58,16 +59,16 @@ def run(args) -> Figures:
     for m in args.siblings:
         policy.decoder.forget_conversations()
         start = time.perf_counter()
-        rows = states if m == 1 else labels.with_siblings(
-            engine, labels.BranchPointStates(engine, catalog, policy, seed), states, m, seed)
+        rows = states if m == 1 else branch_points.with_siblings(
+            engine, branch_points.BranchPointStates(engine, catalog, policy, seed), states, m, seed)
         sibling_seconds = time.perf_counter() - start
         figures.add(f"M {m}: sibling sampling", sibling_seconds, "s")
         for use_store in (True, False):
             policy.decoder.prefix_store = store if use_store else None
             policy.decoder.forget_conversations()   # every run starts cold, as the soft-label stage does
             start = time.perf_counter()
-            labelled = labels.label_chunk(label_engine, labels.BranchPointStates(label_engine, catalog, policy, seed),
-                                          rows, label_settings)
+            states_after = branch_points.BranchPointStates(label_engine, catalog, policy, seed)
+            labelled = labels.label_chunk(label_engine, states_after, rows, label_settings)
             seconds = time.perf_counter() - start
             continuations = sum(len(row["rollout_scores"]) for row in labelled)
             by_prefix = {}

@@ -55,7 +55,7 @@ def vllm_speed(server: VLLMServer, prompts: list[list[int]], params: SamplingPar
 def workloads(python: str, cache_dir: str, work: Path, threads: int, figures: Figures) -> None:
     """base_rollouts and one soft_labels shard of the embedded default through each backend."""
     from clemprm import records
-    from clemprm.stages import labels, rollouts
+    from clemprm.stages import branch_points, labels, rollouts
 
     for backend in ("engine", "vllm"):
         overrides = {"model": {"threads": threads}, "generation": {"backend": backend,
@@ -69,8 +69,8 @@ def workloads(python: str, cache_dir: str, work: Path, threads: int, figures: Fi
                                       str(work / f"{backend}-rollouts.parquet"), cache_dir)
         rollout_s = time.perf_counter() - start
         if backend == "engine":   # the branch points both shards label: the base policy's, made once
-            labels.branch_points({**settings, "branch_points": config["branch_points"]}, None,
-                                 str(work / "episodes.parquet"), str(work / "branch_points.parquet"), cache_dir)
+            branch_points.branch_points({**settings, "branch_points": config["branch_points"]}, None,
+                                        str(work / "episodes.parquet"), str(work / "branch_points.parquet"), cache_dir)
         shards = config["labels"]["shards"]
         start = time.perf_counter()
         shard = labels.soft_labels_shard({**settings, "labels": config["labels"]}, str(work / "branch_points.parquet"),

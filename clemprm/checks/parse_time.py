@@ -149,9 +149,9 @@ def input_file_problems(config: dict) -> list[str]:
 
 def held_out_warnings(config: dict) -> list[str]:
     """A held-out set smaller than ``branch_points.validation_instances`` asks (``games.max_instances.validation`` caps
-    the validation split the held-out instances are drawn from: :func:`clemprm.stages.labels.held_out_instances`), or
-    none at all: the PRM's ranking metrics and gate then judge nothing (a gate that stops is refused:
-    :func:`clemprm.config.prm_problem`)."""
+    the validation split the held-out instances are drawn from:
+    :func:`clemprm.stages.branch_points.held_out_instances`), or none at all: the PRM's ranking metrics and gate then
+    judge nothing (a gate that stops is refused: :func:`clemprm.config.prm_problem`)."""
     asked, cap = config["branch_points"]["validation_instances"], config["games"]["max_instances"]["validation"]
     if not asked and not config["prm"]["validation_fraction"]:
         return ["branch_points.validation_instances and prm.validation_fraction are 0: the PRM has no held-out set, so "

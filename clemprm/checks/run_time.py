@@ -9,8 +9,11 @@ A stage fails (:class:`StageFailure`, one message naming each game, the count an
   with any variance (``gather_soft_labels``: a PRM cannot learn from labels that are all the same);
 * training left the SFT adapter as it was (``sft_adapter``: a schedule that never left learning rate 0, e.g. one
   optimizer step with a warmup, or weights that did not change);
-* the trained PRM fails its quality gate (``prm_adapter``: its predictions collapsed, or it ranks siblings no better
+* the trained PRM fails its quality gate (``prm_metrics``: its predictions collapsed, or it ranks siblings no better
   than a candidate-aware baseline, :func:`clemprm.stages.prm_metrics.quality_gate`).
+
+A warning (:func:`warning_mark`: the run goes on as configured, but not quite as the config says, e.g. a capped
+gradient accumulation) never stops a stage; it is a mark like a failure's, so the summary shows it.
 
 With ``on_failure: continue`` (config) the stage goes on instead, logs the message as a loud warning and returns a
 :class:`FailureMark`, which the stage records in its output (:data:`MARKS_KEY` of a record file's provenance, or of
@@ -34,7 +37,9 @@ log = logging.getLogger(__name__)
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
 CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "game_lost_to_max_length",
-              "no_branch_points", "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained")
+              "no_branch_points", "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained",
+              # warnings (:func:`warning_mark`): the run went on as configured, but not quite as the config says
+              "grad_accum_capped", "heldout_capped")
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 
@@ -97,6 +102,19 @@ def fail_or_warn(stage: str, message: str, on_failure: str, *, condition: str, g
         raise StageFailure(f"{text} (set `on_failure: continue` in the config to go on anyway)")
     log.warning("CONTINUING DESPITE A FAILED STAGE (on_failure: continue): %s", text)
     return FailureMark(stage, condition, game, count, first_error, text)
+
+
+def warning_mark(stage: str, message: str, *, condition: str, game: str | None = None,
+                 count: int = 0) -> FailureMark:
+    """Log ``message`` as a WARNING and return its mark: something that changes what a run means (a capped gradient
+    accumulation, a capped held-out set) but is no failure, so it never stops a run, whatever ``on_failure`` says.
+    The stage records the mark with its failure marks (:func:`marks_metadata`): the summary lists it in
+    ``upstream_warnings`` and ``warnings``, and the report and the results table show it."""
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown warning condition {condition!r} (known: {', '.join(CONDITIONS)})")
+    text = f"{stage}: {message}"
+    log.warning("WARNING: %s", text)
+    return FailureMark(stage, condition, game, count, None, text)
 
 
 def check_episodes(stage: str, rows: list[dict], on_failure: str) -> list[FailureMark]:

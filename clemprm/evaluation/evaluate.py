@@ -45,7 +45,9 @@ from clemprm.models.logprob import LogprobScorer
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
-from clemprm.play.engine import Episode, RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
+from clemprm.play.episode import Episode
 from clemprm.search import RandomScorer, RuleScorer, SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n

@@ -316,7 +316,8 @@ REGIMES = ("blind", "blind-probe", "lookahead", "lookahead-probe")
 # regime -> the regime whose run it starts as a copy of (start_run): lookahead shares the blind run's soft labels, a
 # probe PRM's run the soft labels and the searches' controls of the LoRA PRM's run in its search regime
 SOURCES = {"blind-probe": "blind", "lookahead": "blind", "lookahead-probe": "lookahead"}
-REMADE = ("prm", "prm_eval.json", "report")   # what a started run never takes from its source's results/
+# what a started run never takes from its source's results/: the PRM (adapter, predictions, metrics), the summary
+REMADE = ("prm", "prm_eval.json", "report")
 PER_MODE = ("eval", "clembench", "logs/eval", "benchmarks/eval")   # results/ folders of one entry per mode
 
 

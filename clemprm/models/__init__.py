@@ -15,4 +15,6 @@
 * :mod:`clemprm.models.prm`: the PRM as a scorer, of either kind (a LoRA sequence classifier, or
   :mod:`clemprm.models.probe`: a head on the policy's hidden states); :mod:`clemprm.models.logprob`: the policy's
   log-probability scorer.
+* :mod:`clemprm.models.lora_merge`: a LoRA adapter merged into its base weights (tied weights untied first) and
+  what the merge did to them; the merge stage's mechanics.
 """

@@ -2,7 +2,7 @@
 
 It renders each message list with the chat template (:func:`clemprm.play.chat.render_prompt`), tokenises it, hands
 the token ids to a decoder (:class:`clemprm.models.decoder.Decoder`, or with ``model.backend: vllm`` the server's,
-:mod:`clemprm.models.vllm_backend`) and turns the new tokens into a :class:`~clemprm.play.engine.Generation`:
+:mod:`clemprm.models.vllm_backend`) and turns the new tokens into a :class:`~clemprm.play.contract.Generation`:
 thinking stripped (:func:`strip_thinking`), and an error per item (a template that rejects the messages, a prompt
 over ``model.max_context_tokens``) instead of a failed batch. :func:`load_policy` builds it from a config's ``model``
 section.
@@ -23,7 +23,7 @@ from clemprm.models.sampling import SamplingParams, sequence_bias_of, unsupporte
 from clemprm.models.scoring import Counters
 from clemprm.play.chat import end_token_ids, render_prompt
 from clemprm.play.clemcore_setup import import_clemcore_backends
-from clemprm.play.engine import Generation
+from clemprm.play.contract import Generation
 
 log = logging.getLogger(__name__)
 

@@ -85,8 +85,8 @@ def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStat
             for row, r in enumerate(rows):
                 scores[scored[r]] = token_logprobs[row, token_logprobs.shape[1] - answer_lengths[r]:].mean().item()
         for batch in group_batches(groups, cfg.token_budget):
-            output, suffix_ids = forward_on_shared_prefixes(model, sequences, batch, pad, logits_to_keep=1)
-            token_logprobs = selective_log_softmax(output.logits[:, :-1], suffix_ids[:, 1:].to(device))
+            shared = forward_on_shared_prefixes(model, sequences, batch, pad, prefix_kwargs={"logits_to_keep": 1})
+            token_logprobs = selective_log_softmax(shared.suffix.logits[:, :-1], shared.suffix_ids[:, 1:].to(device))
             for row, (r, group) in enumerate((r, group) for group in batch for r in group.rows):
                 last = len(sequences[r]) - group.shared - 1   # logit j predicts suffix token j + 1; the answer ends it
                 scores[scored[r]] = token_logprobs[row, last - answer_lengths[r]:last].mean().item()

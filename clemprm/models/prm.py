@@ -134,8 +134,8 @@ class PRMScorer:
 
     def _score_shared(self, sequences: list[list[int]], groups: list[PrefixGroup]) -> list[float]:
         """Scores of the groups' rows, in group order, on their shared prefixes (:func:`forward_on_shared_prefixes`)."""
-        output, _ = forward_on_shared_prefixes(self.model, sequences, groups, self.tokenizer.pad_token_id)
-        return _probabilities(output.logits)
+        return _probabilities(forward_on_shared_prefixes(self.model, sequences, groups,
+                                                         self.tokenizer.pad_token_id).suffix.logits)
 
     def _forward(self, input_ids, attention_mask) -> list[float]:
         """``sigmoid`` of the logit the model pools at each row's last non-pad token."""
@@ -169,14 +169,14 @@ class ProbeScorer(PRMScorer):
         self.features, self.head = features, head
 
     def score_ids(self, sequences: list[list[int]], keys: list | None = None) -> list[float]:
-        """P(success) of already encoded pairs (``keys`` unused: every pair is read in full, see
-        :class:`~clemprm.models.probe.ProbeFeatures`)."""
+        """P(success) of already encoded pairs; the pairs of one key read their common token prefix once
+        (:class:`~clemprm.models.probe.ProbeFeatures`)."""
         import torch
 
         if not sequences:
             return []
         with torch.inference_mode():
-            return torch.sigmoid(self.head.logits(self.features.of(sequences))).tolist()
+            return torch.sigmoid(self.head.logits(self.features.of(sequences, keys))).tolist()
 
 
 def load_prm(model_settings: dict, prm_settings: dict, adapter_dir: str, cache_dir: str | None = None) -> PRMScorer:

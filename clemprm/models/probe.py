@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clemprm.models.loader import ModelConfig, policy_settings, resolve_dtype
-from clemprm.models.scoring import micro_batches, pad_right
+from clemprm.models.scoring import (PrefixGroup, forward_on_shared_prefixes, group_batches, micro_batches,
+                                    pad_right, prefix_sharing_problem, shared_prefix_groups)
 
 COMBINATIONS = ("value", "product")  # prm.probe.combination candidates
 CONFIG_NAME = "probe_config.json"
@@ -64,57 +65,102 @@ def policy_model_config(model_settings: dict, prm_settings: dict, sft_adapter: s
 
 class ProbeFeatures:
     """The features of encoded pairs (:func:`clemprm.models.prm.encode_pair`) from a frozen causal LM: per layer of
-    ``layers``, the last token's hidden state and the mean over the last ``window`` tokens. ``cache``: remember each
+    ``layers``, the last token's hidden state and the mean over the last ``window`` tokens. Pairs of one key (a
+    state's siblings, one search turn's candidates) read their common token prefix once
+    (:func:`~clemprm.models.scoring.forward_on_shared_prefixes`) where the model's cache allows it: a blind search's
+    N candidates then cost one pass over the prompt and N short ones over the answers. ``cache``: remember each
     sequence's features (the training stage reads the train side twice: to fit, then to evaluate)."""
 
     def __init__(self, cfg: ModelConfig, tokenizer, model, layers: list[int], window: int, token_budget: int,
-                 cache: bool = False):
+                 cache: bool = False, share_prefixes: bool = True):
         if not layers or window < 1:
             raise ValueError(f"prm.probe.layers must name at least one layer and prm.probe.window be >= 1, got "
                              f"{layers!r} and {window!r}")
         self.cfg, self.tokenizer, self.model = cfg, tokenizer, model
         self.layers, self.window, self.token_budget = [int(layer) for layer in layers], int(window), int(token_budget)
         self.cache = {} if cache else None
+        self.share_prefixes = share_prefixes and prefix_sharing_problem(model) is None
 
-    def of(self, sequences: list[list[int]]):
-        """``[len(sequences), features]`` fp32 CPU tensor; length-sorted micro-batches under the token budget."""
+    def of(self, sequences: list[list[int]], keys: list | None = None):
+        """``[len(sequences), features]`` fp32 CPU tensor; the pairs of one key on their shared prefix, the others in
+        length-sorted micro-batches under the token budget. Equal with or without keys up to float rounding."""
         import torch
 
         todo = [i for i, ids in enumerate(sequences) if self.cache is None or tuple(ids) not in self.cache]
+        pending = [sequences[i] for i in todo]
+        groups, alone = shared_prefix_groups(pending, [keys[i] for i in todo] if keys and self.share_prefixes
+                                             else None)
         rows = {}
-        for batch in micro_batches([len(sequences[i]) for i in todo], self.token_budget):
-            indices = [todo[i] for i in batch]
-            for i, row in zip(indices, self._forward([sequences[i] for i in indices])):
-                rows[i] = row
-                if self.cache is not None:
-                    self.cache[tuple(sequences[i])] = row
-        if not sequences:
-            return torch.zeros((0, 0))
-        return torch.stack([rows[i] if i in rows else self.cache[tuple(ids)] for i, ids in enumerate(sequences)])
-
-    def _forward(self, sequences: list[list[int]]):
-        import torch
-
         device = next(self.model.parameters()).device
         dtype = resolve_dtype(self.cfg, device.type)
-        input_ids, attention_mask = pad_right(sequences, self.tokenizer.pad_token_id)
-        lengths = attention_mask.sum(1)
         with torch.inference_mode(), torch.autocast(device.type, dtype=dtype,
                                                     enabled=device.type == "cuda" and dtype != torch.float32):
-            states = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                output_hidden_states=True, logits_to_keep=1).hidden_states
+            for batch in micro_batches([len(pending[i]) for i in alone], self.token_budget):
+                indices = [alone[i] for i in batch]
+                rows.update(zip(indices, self._forward([pending[i] for i in indices])))
+            for batch in group_batches(groups, self.token_budget):
+                rows.update(zip([i for group in batch for i in group.rows], self._forward_shared(pending, batch)))
+        for i, row in rows.items():
+            if self.cache is not None:
+                self.cache[tuple(pending[i])] = row
+        if not sequences:
+            return torch.zeros((0, 0))
+        found = {todo[i]: row for i, row in rows.items()}
+        return torch.stack([found[i] if i in found else self.cache[tuple(ids)] for i, ids in enumerate(sequences)])
+
+    def _hidden(self, states) -> list:
+        """The hidden states of :attr:`layers`, fp32; a clear error for a layer the model does not have."""
         if any(not -len(states) <= layer < len(states) for layer in self.layers):
             raise ValueError(f"prm.probe.layers {self.layers} reach outside the {len(states)} hidden states of "
                              f"{self.cfg.spec} (-{len(states)} .. {len(states) - 1}): choose layers it has")
+        return [states[layer].float() for layer in self.layers]
+
+    def _forward(self, sequences: list[list[int]]):
+        """Features of whole sequences, padded on the right, in one pass."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = pad_right(sequences, self.tokenizer.pad_token_id)
+        states = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                            output_hidden_states=True, logits_to_keep=1).hidden_states
+        lengths = attention_mask.sum(1)
         positions = torch.arange(input_ids.shape[1])
-        window = (positions < lengths[:, None]) & (positions >= (lengths - self.window)[:, None])
-        window = window.float().to(device)
+        window = ((positions < lengths[:, None]) & (positions >= (lengths - self.window)[:, None])).float().to(device)
         last = (lengths - 1).to(device)
         features = []
-        for layer in self.layers:
-            hidden = states[layer].float()
+        for hidden in self._hidden(states):
             features.append(hidden[torch.arange(len(sequences), device=device), last])
             features.append((hidden * window[..., None]).sum(1) / window.sum(1, keepdim=True))
+        return torch.cat(features, dim=1).cpu()
+
+    def _forward_shared(self, sequences: list[list[int]], groups: list[PrefixGroup]):
+        """Features of the groups' rows (in group order) on their shared prefixes: the last token is always the
+        row's own (its suffix keeps one at least); a window longer than the suffix reaches back into the prefix
+        pass's last columns (left padded: every prefix ends in the last one)."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        hidden_states = {"output_hidden_states": True, "logits_to_keep": 1}
+        shared = forward_on_shared_prefixes(self.model, sequences, groups, self.tokenizer.pad_token_id,
+                                            prefix_kwargs=hidden_states, suffix_kwargs=hidden_states)
+        owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
+        prefix_lengths = torch.tensor([group.shared for group in groups for _ in group.rows])
+        suffix_lengths = torch.tensor([len(sequences[i]) - group.shared for group in groups for i in group.rows])
+        columns = torch.arange(shared.suffix_ids.shape[1])
+        suffix_window = ((columns < suffix_lengths[:, None])
+                         & (columns >= (suffix_lengths - self.window)[:, None])).float().to(device)
+        width = shared.prefix.hidden_states[0].shape[1]
+        from_end = width - torch.arange(width)   # 1 for the last column
+        reach = (self.window - suffix_lengths).clamp_min(0).clamp_max(prefix_lengths)   # prefix tokens in the window
+        prefix_window = (from_end <= reach[:, None]).float().to(device)
+        count = suffix_window.sum(1, keepdim=True) + prefix_window.sum(1, keepdim=True)
+        last = (suffix_lengths - 1).to(device)
+        features = []
+        for prefix, suffix in zip(self._hidden(shared.prefix.hidden_states), self._hidden(shared.suffix.hidden_states)):
+            features.append(suffix[torch.arange(len(owner), device=device), last])
+            window_sum = (suffix * suffix_window[..., None]).sum(1) + torch.einsum("rc,rcd->rd", prefix_window,
+                                                                                   prefix[owner.to(device)])
+            features.append(window_sum / count)
         return torch.cat(features, dim=1).cpu()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 MIN_SHARED_TOKENS = 16  # a shorter common prefix is not worth a forward pass of its own
 
@@ -117,12 +118,21 @@ def group_batches(groups: list[PrefixGroup], token_budget: int) -> list[list[Pre
     return batches + [current] if current else batches
 
 
+class SharedForward(NamedTuple):
+    """What :func:`forward_on_shared_prefixes` computed: the prefix pass's output (one row per group, left padded:
+    each prefix ends in the last column), the suffix pass's (one row per pair, in group order) and the suffix ids."""
+
+    prefix: Any
+    suffix: Any
+    suffix_ids: Any
+
+
 def forward_on_shared_prefixes(model, sequences: list[list[int]], groups: list[PrefixGroup], pad_id: int,
-                               **prefix_kwargs):
+                               prefix_kwargs: dict | None = None, suffix_kwargs: dict | None = None) -> SharedForward:
     """The model's output for the groups' rows (in group order) computed on their shared prefixes: the prefixes
     in one left-padded pass that fills a cache, its rows copied to their groups' pairs, then the suffixes (padded
-    on the right) on top of it. Returns ``(output of the suffix pass, suffix ids)``; ``prefix_kwargs`` go to the
-    prefix pass only (e.g. ``logits_to_keep=1``: its output is not used)."""
+    on the right) on top of it. ``prefix_kwargs`` go to the prefix pass (e.g. ``logits_to_keep=1`` where its logits
+    are not used), ``suffix_kwargs`` to the suffix pass (e.g. ``output_hidden_states=True``)."""
     import torch
     from transformers.cache_utils import DynamicCache
 
@@ -130,17 +140,18 @@ def forward_on_shared_prefixes(model, sequences: list[list[int]], groups: list[P
     prefix_ids, prefix_mask = pad_left([sequences[group.rows[0]][:group.shared] for group in groups], pad_id)
     cache = DynamicCache(config=model.config)
     with_cache = {cache_keyword(model): cache, "use_cache": True}
-    model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
-          position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0).to(device), **with_cache, **prefix_kwargs)
+    prefix = model(input_ids=prefix_ids.to(device), attention_mask=prefix_mask.to(device),
+                   position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0).to(device), **with_cache,
+                   **(prefix_kwargs or {}))
     owner = torch.tensor([k for k, group in enumerate(groups) for _ in group.rows])
     cache.reorder_cache(owner.to(device))
     suffix_ids, suffix_mask = pad_right([sequences[i][group.shared:] for group in groups for i in group.rows], pad_id)
     start = torch.tensor([group.shared for group in groups for _ in group.rows])
     positions = start.unsqueeze(-1) + torch.arange(suffix_ids.shape[1])
     attention_mask = torch.cat([prefix_mask[owner], suffix_mask], dim=-1)
-    output = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
-                   position_ids=positions.to(device), **with_cache)
-    return output, suffix_ids
+    suffix = model(input_ids=suffix_ids.to(device), attention_mask=attention_mask.to(device),
+                   position_ids=positions.to(device), **with_cache, **(suffix_kwargs or {}))
+    return SharedForward(prefix, suffix, suffix_ids)
 
 
 def logits_sharing_prefixes(model, input_ids, attention_mask, keys: list, pad_id: int):
@@ -159,8 +170,7 @@ def logits_sharing_prefixes(model, input_ids, attention_mask, keys: list, pad_id
         parts.append(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits)
         order += alone
     if groups:
-        output, _ = forward_on_shared_prefixes(model, sequences, groups, pad_id)
-        parts.append(output.logits)
+        parts.append(forward_on_shared_prefixes(model, sequences, groups, pad_id).suffix.logits)
         order += [i for group in groups for i in group.rows]
     return torch.cat(parts)[torch.argsort(torch.tensor(order, device=device))]
 

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clemprm.models.loader import ModelConfig, own_context_length, resolve_model_dir
-from clemprm.play.engine import BackendError
+from clemprm.play.contract import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ the CPU build's KV cache (GiB, ``VLLM_CPU_KVCACHE_SPACE``) and the requests in f
 
 class VLLMError(BackendError):
     """The vLLM server could not start, serve the model or adapter, or died (its last log lines included): the stage
-    fails (:class:`clemprm.play.engine.BackendError`)."""
+    fails (:class:`clemprm.play.contract.BackendError`)."""
 
 
 def vllm_settings(section: dict | None) -> dict:

@@ -3,6 +3,10 @@
 * :mod:`clemprm.play.engine`: :class:`~clemprm.play.engine.RolloutEngine` plays many episodes in lockstep (one
   batched ``generate`` call per step for all of them); base rollouts, branch points, labels, RL and the searches
   all play through it.
+* :mod:`clemprm.play.episode`: :class:`~clemprm.play.episode.Episode`, one game being played: fork, its own random
+  generators, the game's scores and its record row.
+* :mod:`clemprm.play.contract`: what the engine asks of a model (``Sampling``) and what one answer holds
+  (``Generation``); the models import it, not the engine.
 * :mod:`clemprm.play.catalog`: finds a game (built-in or in a clembench checkout) and its instances, by split.
 * :mod:`clemprm.play.clemcore_setup`: clemcore glue, including the narrow adapters for games written against older
   clemcore APIs.

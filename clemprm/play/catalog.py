@@ -193,7 +193,7 @@ class GameCatalog:
 
     def draws_global_randomness(self, game: str) -> bool:
         """Whether the game's code may draw from Python's ``random`` or NumPy's global generator (then each
-        episode plays with generators of its own, :meth:`clemprm.play.engine.Episode.own_generators`). Built-in games
+        episode plays with generators of its own, :meth:`clemprm.play.episode.Episode.own_generators`). Built-in games
         draw nothing from them (tests/test_engine.py checks it); clembench games may."""
         return game not in self.config["builtin"]
 

@@ -26,7 +26,7 @@ One *run folder* per policy and eval mode, inside a results folder (what ``clem 
   produced it (meta, players, turns, request counts, the game's own keys); only ``meta.results_folder`` (the run
   folder) and ``player_models`` are filled in, as clemcore's ``InteractionsFileSaver`` creates its recorder with
   them.
-* ``scores.json``: the game's own scorer on those interactions (:meth:`~clemprm.play.engine.Episode.game_scores`:
+* ``scores.json``: the game's own scorer on those interactions (:meth:`~clemprm.play.episode.Episode.game_scores`:
   ``episode scores`` with Aborted, Lose, Success, Main Score and the game's other keys, ``round scores``): what
   ``clem score`` recomputes.
 * ``completed.json`` / ``error.json``: clemcore's ``SignalFileSaver`` files, plus the episode id and seed (to find
@@ -56,7 +56,8 @@ from pathlib import Path
 
 from clemprm import distributed
 from clemprm.play.clemcore_setup import import_clemcore
-from clemprm.play.engine import Episode, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.episode import Episode
 
 # the episode scores of a failed episode: not played (what clem eval's % Played counts), no quality
 FAILED_EPISODE_SCORES = {"Aborted": 1, "Lose": 0, "Success": 0, "Main Score": math.nan}

@@ -9,7 +9,8 @@
 * objectives, each setting per-token advantages on the turns: :mod:`clemprm.rl.grpo` (outcome advantage) and
   :mod:`clemprm.rl.prime` (+ process advantages of an implicit PRM, a second adapter trained online).
 * :mod:`clemprm.rl.trainer`: the step (rollouts, advantages, per-turn backward, clipping, optimizer) and the
-  ``rl_adapter`` stage.
+  ``rl_adapter`` stage; :mod:`clemprm.rl.policy_adapter`: the adapters it trains on the base, their optimizer and
+  schedule; :mod:`clemprm.rl.policy_update`: the per-turn loss and backward, and the update's statistics.
 
 Why not TRL's ``GRPOTrainer``: its ``rollout_func`` returns one completion (one scalar advantage) per prompt
 sample. A game episode here is several turns, in self-play two sequences (one per player), PRIME needs per-token

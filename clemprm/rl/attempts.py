@@ -5,7 +5,7 @@ of the same instance, with the same game-side random draws (its game seed is att
 with :func:`attempt_prefix`: attempt 1's transcript (each of the player's answers and the game's reply to it), its
 outcome, and the self-correction instruction (``score.instruction``). Then it plays normally: the game never sees the
 prefix, the model sees it at the start of its first user message on every turn (the engine's
-:attr:`clemprm.play.engine.Episode.context_prefix`), and the turn records hold it (the perspective exactly as the
+:attr:`clemprm.play.episode.Episode.context_prefix`), and the turn records hold it (the perspective exactly as the
 model got it).
 
 Why a new episode rather than a continuation of attempt 1's dialogue (the paper's ``x, y1, instruction -> y2``, which
@@ -26,7 +26,8 @@ import math
 from pathlib import Path
 
 from clemprm.play.catalog import Instance
-from clemprm.play.engine import Episode, RolloutEngine
+from clemprm.play.engine import RolloutEngine
+from clemprm.play.episode import Episode
 
 TRANSCRIPT_HEADER = "Your previous attempt at this game went as follows."
 ANSWER_LABEL = "Your answer"

@@ -45,7 +45,7 @@ def reward_function(reward_settings: dict):
 
 
 def turn_scores(episode) -> list[dict]:
-    """The scores the game logged at each answer of ``episode`` (a :class:`clemprm.play.engine.Episode`, finished or
+    """The scores the game logged at each answer of ``episode`` (a :class:`clemprm.play.episode.Episode`, finished or
     not), aligned with ``episode.turns``; an error naming the game when it does not log one per answer."""
     from clemprm.games.common import turn_scores_of
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import logging
 
 from clemprm.play.catalog import Instance
-from clemprm.play.engine import Progress, RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import Progress, RolloutEngine
 from clemprm.stats import derive_seed
 
 log = logging.getLogger(__name__)

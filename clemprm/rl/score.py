@@ -40,7 +40,8 @@ from clemprm.rl.attempts import check_single_player_games, score_games_config, s
 from clemprm.rl.grpo import summary
 from clemprm.rl.logprobs import merged_for_generation
 from clemprm.rl.rollouts import Group, Sequence, play_groups
-from clemprm.rl.trainer import POLICY_ADAPTER, RLTrainer, instance_schedule, load_training_model, tracked_history
+from clemprm.rl.policy_adapter import POLICY_ADAPTER, load_training_model
+from clemprm.rl.trainer import RLTrainer, instance_schedule, tracked_history
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun
 from clemprm.training import write_adapter

@@ -28,7 +28,8 @@ from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.stats import OVERALL, derive_seed
 from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
 from clemprm.search import greedy_cost

@@ -8,40 +8,27 @@ Step
        (the weights changed).
     2. The objective sets each turn's per-token advantages (:class:`clemprm.rl.grpo.GRPO`,
        :class:`clemprm.rl.prime.PRIME`, which also updates its implicit PRM).
-    3. Policy update: every trained turn (a non-zero advantage or a KL term) is one forward with the adapter on
-       (gradients) and one with the adapters off (the reference, no gradients), then its own backward: peak memory
-       is one turn's graph. Per token ``-A_t * exp(logp_t - sg(logp_t)) + kl_beta * K3_t`` (the ratio is 1 on
-       policy; its gradient is ``-A_t * grad logp_t``), ``K3 = exp(d) - d - 1``, ``d = logp_ref - logp``.
-       ``rl.loss: importance_sampling`` (the Hanabi card's loss) replaces the ratio by ``exp(logp_t - q_t)``:
-       ``q_t`` is the *sampler's* log-probability of the token, recomputed right after the rollouts (no
-       gradients, eval mode) with the weights exactly as they generated (the adapter merged into the fp32 base,
-       or active on a 4-bit one), at temperature 1 (the model's own distribution, as vLLM's default logprobs);
-       ``logp_t`` is the trainer's (train mode: LoRA dropout; the unmerged adapter; bf16 autocast on CUDA). So the
-       ratio is the trainer-vs-sampler mismatch the loss corrects for, not the gap to the truncated sampling
-       distribution (temperature, top-k, top-p: the card samples at temperature 1). Where trainer and sampler
-       compute the same distribution the ratio is 1 and the gradient equals the policy gradient's.
-       Normalised by ``rl.length_normalisation``: ``tokens`` divides the step's sum by all answer tokens of the
-       step, ``constant`` by ``max_new_tokens`` x the step's policy turns (a length-independent weight per token).
-       Turns without a gradient are skipped, but counted in the normaliser, so skipping changes nothing. Then
-       gradient clipping (``rl.max_grad_norm``), one optimizer step, the learning-rate schedule (linear warmup,
-       cosine down to ``min_lr_rate`` x lr).
+    3. Policy update: every trained turn forwarded and backpropagated on its own, per token
+       ``-A_t * ratio_t + kl_beta * K3_t`` against the adapter-disabled reference, the ratio on policy or
+       (``rl.loss: importance_sampling``) to the sampler's log-probabilities, normalised by
+       ``rl.length_normalisation`` (:mod:`clemprm.rl.policy_update`). Then gradient clipping
+       (``rl.max_grad_norm``), one optimizer step, the learning-rate schedule (linear warmup, cosine down to
+       ``min_lr_rate`` x lr).
 
-Start: ``rl.lora`` null trains the SFT adapter further; a ``{r, alpha, dropout, target_modules}`` section trains a
-fresh LoRA on the base instead (the Hanabi card: rank 32, alpha 32, with ``lm_head`` among the targets, which
-TRL's SFTTrainer refuses but this trainer trains; the merge stage then unties lm_head from the embeddings).
+The model: the base with the policy adapter ``default`` (the SFT adapter, or with ``rl.lora`` a fresh LoRA) and, for
+PRIME, the implicit PRM and its reference (:mod:`clemprm.rl.policy_adapter`, also the optimizer and schedule).
 
 Data: ``rl.data: episodes`` plays whole games of train instances; ``states`` trains single-turn on a prompt set
 (:data:`clemprm.records.STATES`, e.g. the hanabi states of the rule-based player's self-play): each step takes
 ``rl.instances_per_step`` states and samples ``rl.group_size`` answers at each (:func:`collect_state_groups`),
 rewarded per turn (``rl.reward.source: turn_scores``).
 
-Devices: as SFT. CUDA: the base as the loader gives it (``quantization: auto`` = 4-bit NF4, bf16 compute, forwards
-under bf16 autocast), paged 8-bit AdamW; CPU: fp32, ``torch.optim.AdamW``.
+Devices: as SFT (:mod:`clemprm.rl.policy_adapter`); on CUDA the forwards run under bf16 autocast.
 
 Extensions use the same step: SCoRe adds only its objective (advantages per attempt, ``Turn.kl_beta`` per attempt)
 and its attempt builder (the episodes it plays); per-turn rewards (Hanabi's state tracking and move rating) are a
 reward source whose objective turns them into per-turn advantages. The update, the reference and the metrics stay
-this module's.
+the trainer's (this module and its loss, :mod:`clemprm.rl.policy_update`).
 """
 
 from __future__ import annotations
@@ -60,177 +47,25 @@ from clemprm import distributed
 from clemprm.checks.run_time import check_episodes, marks_metadata
 from clemprm.modes import RL_ALGORITHMS
 from clemprm.play.catalog import GameCatalog, Instance, _round_robin
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 from clemprm.stats import derive_seed
 from clemprm.rl.grpo import GRPO, summary
-from clemprm.rl.logprobs import answer_logprobs, merged_for_generation, reference_logprobs, using_adapter
-from clemprm.rl.prime import PRIME, PRM_ADAPTER, REFERENCE_ADAPTER, ImplicitPRM
+from clemprm.rl.logprobs import merged_for_generation
+from clemprm.rl.policy_adapter import (POLICY_ADAPTER, adapter_parameters, load_training_model, make_optimizer,
+                                       make_scheduler)
+from clemprm.rl.policy_update import (accumulate_policy_gradients, record_sampler_logprobs, step_normaliser,
+                                      update_statistics)
+from clemprm.rl.prime import PRIME, PRM_ADAPTER, ImplicitPRM
 from clemprm.rl.rewards import TURN_SOURCES, reward_function, turn_reward_function
 from clemprm.rl.rollouts import Group, Turn, collect_groups, collect_state_groups
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, open_run
-from clemprm.training import OPTIMIZER_AUTO, write_adapter
+from clemprm.training import write_adapter
 
 log = logging.getLogger(__name__)
 
-LOSSES = ("policy_gradient", "importance_sampling")
 DATA = ("episodes", "states")
-POLICY_ADAPTER = "default"
-# ------------------------------------------------------------------------------------------ model, optimizer
-
-
-def load_training_model(model_settings: dict, sft_adapter: str | None, cache_dir: str | None, *, implicit_prm: bool,
-                        lora: dict | None = None):
-    """``(model config, tokenizer, PEFT model)``: the base with the SFT adapter as the trainable policy adapter
-    (``default``) and, for PRIME, the SFT adapter twice more: the implicit PRM (trainable) and its frozen reference.
-    With ``lora`` (``rl.lora``) every one of them is a fresh LoRA of that shape on the base instead (B = 0: each
-    starts equal to the base, so the PRM equals its reference)."""
-    from clemprm.models.loader import ModelConfig, load_extra_adapter, load_tokenizer_and_model
-    from clemprm.training import device_name, keep_4bit_differentiable
-
-    if lora is None and sft_adapter is None:
-        raise ValueError("rl: no SFT adapter to start from and no rl.lora for a fresh one")
-    adapter = None if lora is not None else str(sft_adapter)
-    cfg = ModelConfig.from_dict({**model_settings, "adapter": adapter, "cache_dir": cache_dir})
-    tokenizer, model = load_tokenizer_and_model(cfg, for_training=True, task="causal-lm")
-    if device_name() == "cpu":
-        keep_4bit_differentiable(model)
-    if lora is not None:
-        model = fresh_lora(model, lora, [PRM_ADAPTER, REFERENCE_ADAPTER] if implicit_prm else [])
-    elif implicit_prm:
-        load_extra_adapter(model, str(sft_adapter), PRM_ADAPTER, trainable=True)
-        load_extra_adapter(model, str(sft_adapter), REFERENCE_ADAPTER, trainable=False)
-    if implicit_prm:
-        model.set_adapter(POLICY_ADAPTER)
-        for name, param in model.named_parameters():  # set_adapter froze all but the active adapter
-            if f".{PRM_ADAPTER}." in name:
-                param.requires_grad_(True)
-        without_lora_dropout(model, PRM_ADAPTER)
-    for param in model.parameters():   # LoRA weights train in fp32 (as SFT keeps them on CPU)
-        if param.requires_grad and param.dtype != torch.float32:
-            param.data = param.data.float()
-    return cfg, tokenizer, model
-
-
-def fresh_lora(model, lora: dict, extra_adapters: list[str]):
-    """A new LoRA (``rl.lora``) on ``model`` as the policy adapter (``default``), plus ``extra_adapters`` of the
-    same shape (PRIME: the PRM and its reference)."""
-    import warnings
-
-    from peft import get_peft_model
-
-    from clemprm.training import lora_config
-
-    with warnings.catch_warnings():   # PEFT's warning on a LoRA of a tied lm_head: the merge stage unties it
-        warnings.filterwarnings("ignore", message=".*tied.*")
-        model = get_peft_model(model, lora_config(lora, "CAUSAL_LM"))
-        for name in extra_adapters:
-            model.add_adapter(name, lora_config(lora, "CAUSAL_LM"))
-    model.set_adapter(POLICY_ADAPTER)
-    return model
-
-
-def without_lora_dropout(model, adapter: str) -> None:
-    """No LoRA dropout on ``adapter``. For the implicit PRM: its log-ratio to the (dropout-free, frozen) reference
-    is a reward, so dropout would make it noise; at step 0, when the PRM still equals its reference, the process
-    advantages must be exactly 0."""
-    for module in model.modules():
-        dropouts = getattr(module, "lora_dropout", None)
-        if isinstance(dropouts, torch.nn.ModuleDict) and adapter in dropouts:
-            dropouts[adapter] = torch.nn.Identity()
-
-
-def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
-    marker = f".{adapter}."
-    return [param for name, param in model.named_parameters() if marker in name and param.requires_grad]
-
-
-def make_optimizer(params: list, rl: dict, lr: float, device: str):
-    """AdamW over ``params``: ``rl.optimizer`` auto = paged 8-bit AdamW on CUDA (bitsandbytes), torch's on CPU;
-    betas ``rl.adam_betas``."""
-    name = rl["optimizer"] if rl["optimizer"] != "auto" else OPTIMIZER_AUTO[device]
-    betas = tuple(rl["adam_betas"])
-    if name == "paged_adamw_8bit":
-        import bitsandbytes as bnb
-        return bnb.optim.PagedAdamW8bit(params, lr=lr, betas=betas, weight_decay=rl["weight_decay"])
-    if name == "adamw_torch":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=rl["weight_decay"])
-    raise ValueError(f"rl.optimizer: unknown optimizer {name!r} (auto, adamw_torch, paged_adamw_8bit)")
-
-
-def make_scheduler(optimizer, rl: dict):
-    """Linear warmup over ``warmup_ratio`` of the steps, then cosine down to ``min_lr_rate`` x lr (the card's)."""
-    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
-
-    return get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, num_warmup_steps=int(rl["warmup_ratio"] * rl["steps"]), num_training_steps=rl["steps"],
-        min_lr_rate=rl["min_lr_rate"])
-
-
-# ------------------------------------------------------------------------------------------ policy update
-
-
-def turn_loss(logp: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor, kl_beta: float,
-              normaliser: float, sampler: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, K3 per token)`` of one turn (see the module docstring); ``sampler``: the sampler's log-probs of
-    the answer tokens (the importance-sampling loss), else the ratio is to the trainer's own (on-policy) values."""
-    ratio = torch.exp(logp - (logp.detach() if sampler is None else sampler))
-    d = reference - logp
-    k3 = torch.exp(d) - d - 1
-    loss = (-(advantages * ratio) + kl_beta * k3).sum() / normaliser
-    return loss, k3.detach()
-
-
-def step_normaliser(turns: list[Turn], length_normalisation: str, max_new_tokens: int) -> float:
-    """What a step's summed token losses are divided by (module docstring), from all its policy turns."""
-    if length_normalisation == "tokens":
-        return float(max(1, sum(len(turn.completion_ids) for turn in turns)))
-    if length_normalisation == "constant":
-        return float(max(1, max_new_tokens * len(turns)))
-    raise ValueError(f"rl.length_normalisation: unknown value {length_normalisation!r} (tokens, constant)")
-
-
-def accumulate_policy_gradients(model, turns: list[Turn], *, kl_beta: float, normaliser: float,
-                                compute_dtype=None, loss: str = "policy_gradient") -> list[dict]:
-    """Forward and backward every trained turn on its own into the policy adapter's ``.grad``; per trained turn its
-    loss, summed K3, tokens and (``loss: importance_sampling``, which takes the ratio to each turn's
-    ``sampler_logprobs``) its tokens' log(trainer / sampler)."""
-    if loss not in LOSSES:
-        raise ValueError(f"rl.loss: unknown loss {loss!r} (known: {', '.join(LOSSES)})")
-    results = []
-    with using_adapter(model, POLICY_ADAPTER):
-        for turn in turns:
-            if not turn.trained:
-                continue
-            beta = kl_beta if turn.kl_beta is None else turn.kl_beta
-            reference = reference_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
-            logp = answer_logprobs(model, turn.prompt_ids, turn.completion_ids, compute_dtype)
-            advantages = torch.tensor(turn.advantages, dtype=logp.dtype, device=logp.device)
-            sampler, log_ratios = None, None
-            if loss == "importance_sampling":
-                if turn.sampler_logprobs is None:
-                    raise ValueError("rl.loss importance_sampling: a trained turn has no sampler log-probs")
-                sampler = torch.tensor(turn.sampler_logprobs, dtype=logp.dtype, device=logp.device)
-                log_ratios = (logp.detach() - sampler).tolist()
-            turn_value, k3 = turn_loss(logp, reference, advantages, beta, normaliser, sampler)
-            turn_value.backward()
-            results.append({"loss": float(turn_value.detach()), "kl_sum": float(k3.sum()),
-                            "tokens": len(turn.completion_ids), "log_ratios": log_ratios})
-    return results
-
-
-def update_statistics(trained: list[Turn], per_turn: list[dict], loss: str) -> dict:
-    """The update's statistics from every trained turn's results (:func:`accumulate_policy_gradients`); each turn
-    keeps its summed K3 (``kl_sum``: SCoRe reports it per attempt)."""
-    for turn, result in zip(trained, per_turn):
-        turn.kl_sum = result["kl_sum"]
-    tokens = sum(result["tokens"] for result in per_turn)
-    stats = {"loss": sum(result["loss"] for result in per_turn),
-             "kl": sum(result["kl_sum"] for result in per_turn) / tokens if tokens else None,
-             "trained_turns": len(per_turn), "trained_tokens": tokens}
-    if loss == "importance_sampling":   # log(trainer / sampler) per trained token: how far off-policy the step is
-        stats["is_log_ratio"] = summary([value for result in per_turn for value in result["log_ratios"]])
-    return stats
 
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -277,19 +112,6 @@ def turn_score_summary(turns: list[Turn]) -> dict:
                 numbers.setdefault(name, []).append(float(value))
     return {"turn_reward": summary([turn.reward for turn in scored]),
             "turn_scores": {name: sum(values) / len(values) for name, values in sorted(numbers.items())}}
-
-
-def record_sampler_logprobs(model, groups: list[Group], compute_dtype=None) -> None:
-    """Every played turn's ``sampler_logprobs`` the sampler did not return (the vllm backend does): its tokens'
-    log-probabilities under ``model`` as it is now (the weights that sampled them, eval mode, no gradients): the
-    importance-sampling loss's denominator."""
-    with torch.no_grad():
-        for group in groups:
-            for sequence in group.sequences:
-                for turn in sequence.turns:
-                    if turn.sampler_logprobs is None:
-                        turn.sampler_logprobs = answer_logprobs(model, turn.prompt_ids, turn.completion_ids,
-                                                                compute_dtype).tolist()
 
 
 class RLTrainer:

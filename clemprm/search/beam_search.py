@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import Progress, RolloutEngine
+from clemprm.play.episode import Episode
 from clemprm.stats import derive_seed
 from clemprm.search import SearchCost, choice, score_forks
 

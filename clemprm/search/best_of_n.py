@@ -7,7 +7,9 @@ shows (:func:`clemprm.search.score_forks`); the chosen fork goes on.
 
 from __future__ import annotations
 
-from clemprm.play.engine import Episode, Progress, RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import Progress, RolloutEngine
+from clemprm.play.episode import Episode
 from clemprm.search import SearchCost, choice, score_blind, score_forks
 
 

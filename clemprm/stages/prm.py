@@ -12,7 +12,9 @@ Training
     at most ``prm.epochs`` epochs with early stopping on a held-out slice of *instances*
     ``(game, experiment, game_id)``; the best epoch's adapter is the one written. ``prm.max_examples`` samples
     whole sibling groups, so that no state loses some of its siblings. CUDA: bf16, gradient
-    checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``.
+    checkpointing, paged 8-bit AdamW; CPU: fp32, ``adamw_torch``. A ``grad_accum`` larger than one epoch's batches
+    is capped (:func:`effective_grad_accum`) with a warning mark the summary lists. The data:
+    :mod:`clemprm.stages.prm_data`.
 
 A probe PRM (``prm.kind: probe``)
     The same data, split, loss, evaluation, gate and metrics; instead of a LoRA classifier, linear heads on the
@@ -29,16 +31,14 @@ Acceptance pre-training (``prm.acceptance_examples`` > 0)
     examples than the labelled pairs, then what wins from the soft labels.
     Held-out (validation-split) instances never enter it.
 
-Metrics
-    On every side, from the written model through the scorer, with the baselines (:mod:`clemprm.stages.prm_metrics`):
-    global prediction metrics, and on the ranked side the within-state ranking among siblings with bootstrap
-    intervals over instances (``prm.bootstrap_samples``, ``prm.ci``), next to the candidate's length, the policy's
-    log-probability, a random pick, the game's acceptance of the candidate (what a blind scorer gets if it knows only
-    the rules' validity verdict) and the lookahead rule (:func:`clemprm.play.engine.rule_score`: what a fork shows,
-    read with no model). The ranked side is
-    ``heldout``, the branch points of validation-split instances (``branch_points.validation_instances``), which
-    neither training nor the choice of epoch sees; without them it is the ``validation`` slice of train instances
-    (``prm.validation_fraction``), which also chose the epoch.
+Predictions (what rule ``prm_metrics`` measures, :mod:`clemprm.stages.prm_evaluation`)
+    After training, the written model scores every example of every side (train, the ``validation`` slice of train
+    instances, ``heldout``: the branch points of validation-split instances, ``branch_points.validation_instances``,
+    which neither training nor the choice of epoch sees), and the policy scores the candidates its log-probability
+    baseline reads; both go to ``results/prm/predictions.parquet`` (:data:`clemprm.records.PRM_PREDICTIONS`), with
+    the training record (steps, losses, history, examples, tokens, the probe's settings, warnings) in its provenance.
+    Everything computed from them with no model (metrics, baselines, ranking, intervals, the quality gate) is the
+    cheap ``prm_metrics`` rule: changing ``prm.ci`` or a gate threshold trains nothing.
 """
 
 from __future__ import annotations
@@ -46,119 +46,31 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import random
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from clemprm import distributed, records
 from clemprm.models.generation import load_policy
 from clemprm.models.loader import load_tokenizer_and_model, policy_settings, resolve_dtype, resolve_quantization
 from clemprm.models.logprob import mean_logprobs
-from clemprm.models.prm import PRMScorer, encode_pair, prm_model_config
+from clemprm.models.prm import PRMScorer, prm_model_config
 from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
+from clemprm.config import provenance
 from clemprm.modes import PRM_INPUT_REGIMES
-from clemprm.play.engine import rule_score
-from clemprm.checks.run_time import StageFailure, fail_or_warn, marks_metadata
+from clemprm.checks.run_time import MARKS_KEY, warning_mark
 from clemprm.stages import probe
-from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, indices_by_state, orientation, prediction_metrics,
-                                        quality_gate, rank_metrics, ranking_metrics, states_with_siblings,
-                                        verdict_metrics)
+from clemprm.stages.prm_data import (TRAINING_KEY, Example, acceptance_examples, build_examples, read_labels,
+                                     sample_whole_groups, sibling_groups)
+from clemprm.stages.prm_metrics import orientation_side, prediction_metrics
 from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
-                              finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config,
+                              finite, initial_evaluation, keep_4bit_differentiable, lora_config, peak_memory_mb,
                               progress_callback, shared_scratch_beside, split_instances, step_grouped,
                               trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
 
 LOSSES = ("bce", "mse")
-# ---------------------------------------------------------------------------------------------- data
-
-
-@dataclass
-class Example:
-    """One branch point: the encoded pair, its soft label and its instance ``(game, experiment, game_id)``."""
-
-    input_ids: list[int]
-    truncated: bool
-    label: float
-    key: tuple[str, str, str]
-    state_id: str = ""       # the state the candidate answers (its row's prefix_id): siblings share it
-    row: int = -1            # index of its soft-label row
-    multiplicity: int = 1    # how many of its state's sampled answers it is (the ranking metrics weigh by it)
-
-
-def read_labels(path: str | Path) -> list[dict]:
-    """The soft-label rows; an unreadable file, a label outside [0, 1] or a multiplicity below 1 is an error naming
-    the file."""
-    rows = records.read_records(path, records.SOFT_LABELS)
-    for i, row in enumerate(rows):
-        label = row["label"]
-        if label is None or not 0.0 <= label <= 1.0:   # NaN fails both comparisons
-            raise records.RecordFileError(f"record file {path}, row {i} ({row['bp_id']}): label {label!r} is not "
-                                          f"in [0, 1]")
-        if row["multiplicity"] is None or row["multiplicity"] < 1:
-            raise records.RecordFileError(f"record file {path}, row {i} ({row['bp_id']}): multiplicity "
-                                          f"{row['multiplicity']!r} is not a count of at least 1")
-    return rows
-
-
-def sibling_groups(examples: list[Example]) -> list[list[Example]]:
-    """The examples grouped by ``state_id`` (siblings), groups in order of first appearance."""
-    return [[examples[i] for i in group] for group in indices_by_state(examples)]
-
-
-def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -> list[Example]:
-    """At most ``limit`` examples (all when None) made of whole sibling groups: the groups in an order drawn by
-    ``seed``, each taken while it fits (a pair-wise draw would split states and lose the pairs the ranking metrics
-    and the pairwise loss compare)."""
-    if limit is None or len(examples) <= limit:
-        return examples
-    groups = sibling_groups(examples)
-    chosen, total = [], 0
-    for group in random.Random(seed).sample(groups, len(groups)):
-        if total + len(group) <= limit:
-            chosen.extend(group)
-            total += len(group)
-    return chosen
-
-
-def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int,
-                   prm_input: str = "candidate") -> list[Example]:
-    """One example per soft-label row, its text as ``prm_input`` reads it (the game's reply only for
-    ``candidate_with_reply``)."""
-    reads_reply = prm_input == "candidate_with_reply"
-    return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], row["reply"] if reads_reply else "",
-                                 chat_template_kwargs, max_length),
-                    label=float(row["label"]),
-                    key=records.instance_key(row["game"], row["experiment"], row["game_id"]),
-                    state_id=row.get("prefix_id") or row["bp_id"],
-                    row=index, multiplicity=row["multiplicity"]) for index, row in enumerate(rows)]
-
-
-def acceptance_examples(answers_path: str, tokenizer, chat_template_kwargs: dict, max_length: int, limit: int,
-                        seed: int) -> list[Example]:
-    """Up to ``limit`` answers of the answers records (:data:`records.ANSWERS`, train split only: one row per
-    distinct answer played in the run) as examples labelled by the game's verdict (``parse_ok``: 1 accepted,
-    0 rejected), drawn by ``seed`` with as many of each verdict as the records allow; read as a PRM that reads the
-    candidate alone reads them."""
-    answers = records.read_records(answers_path, records.ANSWERS, splits=records.TRAIN_SPLITS)
-    by_verdict = {verdict: [row for row in answers if row["parse_ok"] == verdict] for verdict in (True, False)}
-    rng = random.Random(seed)
-    for group in by_verdict.values():
-        rng.shuffle(group)
-    half = limit // 2
-    rejected = by_verdict[False][:max(half, limit - len(by_verdict[True]))]
-    chosen = by_verdict[True][:limit - len(rejected)] + rejected
-    return [Example(*encode_pair(tokenizer, row["messages"], row["response"], "", chat_template_kwargs, max_length),
-                    label=float(row["parse_ok"]), key=records.instance_key(row["game"], row["experiment"],
-                                                                           row["game_id"]),
-                    state_id=f"acceptance/{index}", row=-1 - index)
-            for index, row in enumerate(chosen)]
-
-
 # ------------------------------------------------------------------------------------------ training
 
 
@@ -315,12 +227,14 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     by_state = prm["pairwise_weight"] > 0
     train_rows = len(sibling_groups(train)) if by_state else len(train)
     grad_accum = effective_grad_accum(prm["batch_size"], prm["grad_accum"], train_rows)
-    if grad_accum < prm["grad_accum"]:   # a warning: the run trains with a smaller effective batch than configured
-        log.warning("prm: %d train %s make %d batches of %d: gradient accumulation capped at %d (of prm.grad_accum "
-                    "%d) so that every epoch makes an optimizer step: the effective batch is %d, not %d",
-                    train_rows, "states" if by_state else "pairs", math.ceil(train_rows / prm["batch_size"]),
-                    prm["batch_size"], grad_accum, prm["grad_accum"], prm["batch_size"] * grad_accum,
-                    prm["batch_size"] * prm["grad_accum"])
+    warnings = []
+    if grad_accum < prm["grad_accum"]:   # the run trains with a smaller effective batch than configured
+        warnings.append(warning_mark(
+            "prm_adapter", f"{train_rows} train {'states' if by_state else 'pairs'} make "
+            f"{math.ceil(train_rows / prm['batch_size'])} batches of {prm['batch_size']}: gradient accumulation capped "
+            f"at {grad_accum} (of prm.grad_accum {prm['grad_accum']}) so that every epoch makes an optimizer step: the "
+            f"effective batch is {prm['batch_size'] * grad_accum}, not {prm['batch_size'] * prm['grad_accum']}",
+            condition="grad_accum_capped", count=grad_accum))
     args = _training_args(prm, seed, output_dir, device, dtype, grad_accum, has_validation=bool(validation),
                           tracking=tracking)
     callbacks = [progress_callback("prm")]
@@ -357,7 +271,7 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         "train_loss": finite(result.training_loss),
         "final_train_loss": history[-1].get("train_loss") if history else None, "eval_loss": best.get("eval_loss"),
         "initial_eval_loss": finite(initial["eval_loss"]) if initial else None, "history": history,
-        "train_seconds": round(train_seconds, 2)}
+        "train_seconds": round(train_seconds, 2), MARKS_KEY: [mark.as_dict() for mark in warnings]}
 
 
 ACCEPTANCE_HELDOUT_FRACTION = 0.25
@@ -400,59 +314,17 @@ def _pretrain_on_acceptance(model, tokenizer, cfg, prm: dict, seed: int, answers
                    "heldout": measured and {key: measured[key] for key in ("n", "auroc", "bce", "std_prediction")}}
 
 
-def orientation_side(train: list[Example]) -> list[Example]:
-    """The examples the candidate-aware baselines are oriented on: the train side when it has siblings, else none
-    (nothing to orient on; every baseline is then read as is)."""
-    return train if states_with_siblings(train) else []
-
-
-FORK_READERS = {   # what the fork of a candidate shows, as ranking baselines (the rows' turn verdict and reply)
-    "acceptance": lambda row: float(bool(row["parse_ok"])),
-    "rule": lambda row: rule_score(row["reply"], row["parse_ok"]),
-}
-
-
-def _evaluate(scorer: PRMScorer, sides: dict[str, list[Example]], ranked: str, rows: list[dict],
-              policy_logprobs: dict[int, float], prm: dict, seed: int) -> dict:
-    """Prediction metrics of the trained PRM and of the baselines, per side (None when empty); on the ``ranked``
-    side (the held-out set when there is one, else the validation slice) also the candidate-aware baselines (the
-    candidate's length in characters, the policy's mean token log-probability of it, ``policy_logprobs`` by row;
-    each times its train-side :func:`orientation`), the fork's readings (:data:`FORK_READERS`: whether the game
-    accepted the candidate, and the lookahead rule), the PRM's AUROC for the game's verdicts on that side
-    (:func:`verdict_metrics`) and every scorer's within-prefix ranking
-    (:func:`ranking_metrics`, with each baseline's paired difference to the PRM; ``constant_mean`` ties all
-    siblings: the expected pick of a random choice). Predictions that are not finite (a diverged PRM) stop the
-    evaluation there: ``nonfinite_predictions`` counts them per side, for the gate."""
-    evaluation, predictions = {}, {}
+def prediction_rows(scorer: PRMScorer, sides: dict[str, list[Example]], rows: list[dict],
+                    policy_logprobs: dict[int, float]) -> list[dict]:
+    """The records of :data:`clemprm.records.PRM_PREDICTIONS`: every example of every side scored by ``scorer``, in
+    side order, with the policy's log-probability of its candidate where it was computed (``policy_logprobs``)."""
+    predicted = []
     for side, examples in sides.items():
-        predictions[side] = scorer.score_ids([e.input_ids for e in examples]) if examples else []
-    nonfinite = {side: sum(not math.isfinite(p) for p in values) for side, values in predictions.items()}
-    if any(nonfinite.values()):
-        return {"evaluation": dict.fromkeys(sides), "baselines": None, "ranking": None,
-                "nonfinite_predictions": nonfinite}
-    for side, examples in sides.items():
-        evaluation[side] = prediction_metrics(predictions[side], [e.label for e in examples])
-    baselines = baseline_metrics(sides["train"], sides)
-    examples = sides[ranked]
-    labels = [e.label for e in examples]
-    readers = {"candidate_length": lambda e: float(len(rows[e.row]["candidate"])),
-               "policy_logprob": lambda e: policy_logprobs[e.row]}
-    oriented_on = orientation_side(sides["train"])
-    orientations = {name: orientation(oriented_on, [read(e) for e in oriented_on]) for name, read in readers.items()}
-    candidate_scores = {name: [orientations[name] * read(e) for e in examples] for name, read in readers.items()}
-    for name, scores in candidate_scores.items():
-        baselines[name] = {ranked: rank_metrics(scores, labels), "orientation": orientations[name]}
-    fork_scores = {name: [read(rows[e.row]) for e in examples] for name, read in FORK_READERS.items()}
-    for name, scores in fork_scores.items():
-        baselines[name] = {ranked: rank_metrics(scores, labels)}
-    game_means = baselines["game_mean"]["values"]
-    scorers = {"prm": predictions[ranked], "constant_mean": [0.0] * len(examples),
-               "game_mean": [game_means.get(e.key[0], baselines["constant_mean"]["value"]) for e in examples],
-               **candidate_scores, **fork_scores}
-    ranking = {"side": ranked, "orientation": orientations,
-               **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
-    verdicts = {"side": ranked, **verdict_metrics(predictions[ranked], fork_scores["acceptance"])}
-    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "verdicts": verdicts}
+        # a state's siblings read their shared prompt once (the LoRA PRM and the probe alike)
+        scores = scorer.score_ids([e.input_ids for e in examples], [e.state_id for e in examples]) if examples else []
+        predicted += [{"row": e.row, "bp_id": rows[e.row]["bp_id"], "side": side, "prediction": float(score),
+                       "policy_logprob": policy_logprobs.get(e.row)} for e, score in zip(examples, scores)]
+    return predicted
 
 
 def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list[dict], examples: list[Example],
@@ -471,48 +343,17 @@ def policy_logprobs_of(model_settings: dict, sft_adapter: str | None, rows: list
     return {e.row: score for e, score in zip(examples, scores)}
 
 
-def untrained_marks(metrics: dict, on_failure: str) -> list:
-    """The failure mark of a PRM whose training left its adapter as it was (every step at learning rate 0, or weights
-    that did not change); raises under ``on_failure: stop``."""
-    if not str(metrics.get("status", "")).startswith("untrained: ") or not metrics.get("steps"):
-        return []
-    return [fail_or_warn("prm_adapter", f"the PRM did not train: {metrics['status'][len('untrained: '):]}",
-                         on_failure, condition="adapter_not_trained", count=metrics["steps"])]
-
-
-def gate_marks(gate: dict, on_failure: str) -> list:
-    """The failure mark of a failed quality gate (none when it passed); raises under ``on_failure: stop``. A gate not
-    judged (too little held-out evidence) is no pass: it stops the stage under ``stop`` as well (a run that asks to
-    stop on a PRM that learned nothing spends no search on a PRM nobody could judge), and under ``continue`` it is a
-    warning in the log and in the summary, not a failure mark."""
-    if gate["status"] == "not_judged":
-        text = "the PRM's quality gate was not judged: " + "; ".join(gate["not_judged"])
-        if on_failure == "stop":
-            raise StageFailure(f"prm_adapter: {text} (prm.gate.on_failure: stop goes on only with a gate that passed; "
-                               f"hold out more instances, or set prm.gate.on_failure: continue to go on unjudged)")
-        log.warning("PRM QUALITY GATE NOT JUDGED (no evidence is no pass): %s", text)
-        return []
-    failed = [check for check in gate["checks"] if not check["passed"]]
-    if not failed:
-        return []
-    return [fail_or_warn("prm_adapter", "the PRM did not pass its quality gate: "
-                         + "; ".join(f"{check['check']}: {check['message']}" for check in failed), on_failure,
-                         condition="prm_not_learned", count=len(failed))]
-
-
-def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: str,
-              cache_dir: str | None = None, sft_adapter: str | None = None, on_failure: str = "stop",
-              tracking: TrackingRun = OFF, answers_path: str | None = None, probabilities: bool = False) -> dict:
-    """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head) and the
-    metrics JSON; return the metrics. ``settings`` is the rule's params: seed, model, prm. ``sft_adapter``: the
-    policy whose log-probabilities are a baseline (None: the base policy). ``answers_path``: the answers records
-    (:mod:`clemprm.stages.answers`) the acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``:
-    the tracker run that gets every step's loss (:mod:`clemprm.tracking`). A PRM that fails its quality gate
-    (:func:`~clemprm.stages.prm_metrics.quality_gate`, the metrics' ``gate``) is written with a failure mark
-    (:mod:`clemprm.checks.run_time`) that the summary reports, or, with ``prm.gate.on_failure: stop`` (``inherit``:
-    the run's ``on_failure``), stops the stage naming the metric and the baseline (:func:`gate_marks`).
-    ``probabilities``: a configured search multiplies the PRM's values as probabilities
-    (:func:`clemprm.modes.probability_search`), so calibration decides the gate."""
+def train_prm(settings: dict, labels_path: str, adapter_dir: str, predictions_path: str,
+              cache_dir: str | None = None, sft_adapter: str | None = None, tracking: TrackingRun = OFF,
+              answers_path: str | None = None) -> dict:
+    """Train the PRM on the soft labels of ``labels_path``; write the adapter folder (LoRA + score head, or the
+    probe's) and ``predictions_path``: the trained PRM's predictions of every side with the policy's log-probabilities
+    (:func:`prediction_rows`) and, in its provenance (:data:`TRAINING_KEY`), the training record, which is returned.
+    ``settings`` is the rule's settings: seed, model, prm. ``sft_adapter``: the policy whose log-probabilities are a
+    baseline (None: the base policy). ``answers_path``: the answers records (:mod:`clemprm.stages.answers`) the
+    acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that gets every step's
+    loss (:mod:`clemprm.tracking`). Rule ``prm_metrics`` measures the predictions and judges the quality gate
+    (:func:`clemprm.stages.prm_evaluation.measure_prm`)."""
     import transformers
     from peft import get_peft_model
 
@@ -569,6 +410,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
     }
     sides = {"train": train, "validation": validation, "heldout": heldout}
     ranked = "heldout" if heldout else "validation"
+    predicted = []
 
     with shared_scratch_beside(adapter_dir) as scratch, tracker_environment(tracking):
         if train and prm["kind"] == "probe":
@@ -592,31 +434,27 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, metrics_path: 
         if train:
             logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
                                           orientation_side(sides["train"]) + sides[ranked], cache_dir)
-            metrics.update(_evaluate(scorer, sides, ranked, rows, logprobs, prm, seed))
-            metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"],
-                                           prm["input"], metrics.get("nonfinite_predictions"), probabilities)
+            predicted = prediction_rows(scorer, sides, rows, logprobs)
         else:
             # no branch points: an untrained adapter (LoRA B = 0, a random score head) still lets the later
             # stages run; the metrics say so
             log.warning("prm: no training examples; writing an untrained adapter")
             metrics.update(status="untrained: no training examples", steps=0, epochs_run=0, train_loss=None,
-                           eval_loss=None, history=[], evaluation=dict.fromkeys(sides),
-                           baselines=None, ranking=None, gate=quality_gate(None, None, prm["gate"], prm["input"]))
+                           eval_loss=None, history=[])
             if prm["kind"] == "probe":
                 scorer = probe.untrained_probe(features, prm)
-        log.info("%s", gate_lines(metrics["gate"]))
-        gate_action = on_failure if prm["gate"]["on_failure"] == "inherit" else prm["gate"]["on_failure"]
-        metrics.update(marks_metadata(untrained_marks(metrics, on_failure) + gate_marks(metrics["gate"], gate_action)))
         if prm["kind"] == "probe":
             probe.write_probe(scorer, adapter_dir, metrics.get("probe"), sft_adapter)
         else:
             write_adapter(model, cfg.spec, adapter_dir)
-    finish_metrics(metrics, start, settings, metrics_path)
-    # after finish_metrics: the final metrics
-    write_adapter_card("prm_probe" if prm["kind"] == "probe" else "prm", adapter_dir, metrics)
-    ranked_metrics = (metrics["evaluation"] or {}).get(ranked) or {}
-    log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s, %s AUROC %s, Pearson %s; "
-             "adapter %s", metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
-             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), ranked, ranked_metrics.get("auroc"),
-             ranked_metrics.get("pearson"), adapter_dir)
+    metrics.update(seconds=round(time.perf_counter() - start, 2), peak_memory_mb=peak_memory_mb())
+    metrics.setdefault(MARKS_KEY, [])
+    records.write_records(predictions_path, predicted, records.PRM_PREDICTIONS,
+                          {**provenance(settings), TRAINING_KEY: metrics})
+    write_adapter_card("prm_probe" if prm["kind"] == "probe" else "prm", adapter_dir,
+                       {**metrics, **provenance(settings)})
+    log.info("prm: %s in %.0f s; %s steps, train loss %s, eval loss %s -> %s; %d predictions in %s, adapter %s",
+             metrics["status"], metrics["seconds"], metrics.get("steps"), metrics.get("train_loss"),
+             metrics.get("initial_eval_loss"), metrics.get("eval_loss"), len(predicted), predictions_path,
+             adapter_dir)
     return metrics

@@ -1,4 +1,4 @@
-"""What the ``prm_adapter`` stage measures of a trained PRM and of its baselines, on branch points with soft labels.
+"""What the ``prm_metrics`` stage measures of a trained PRM and of its baselines, on branch points with soft labels.
 
 Global metrics (across states): BCE, MSE, Pearson and Spearman correlation with the labels, AUROC of
 ``label > 0.5`` (null when one class is missing), a 10-bin calibration table; the same for two baselines that know no
@@ -133,6 +133,12 @@ def verdict_metrics(predictions: list[float], accepted: list[float]) -> dict:
 def states_with_siblings(examples: list) -> list[list[int]]:
     """The indices of the examples of each state with two or more siblings."""
     return [indices for indices in indices_by_state(examples) if len(indices) > 1]
+
+
+def orientation_side(train: list) -> list:
+    """The examples the candidate-aware baselines are oriented on: the train side when it has siblings, else none
+    (nothing to orient on; every baseline is then read as is)."""
+    return train if states_with_siblings(train) else []
 
 
 def orientation(examples: list, scores: list[float]) -> int:

@@ -1,6 +1,6 @@
 """Fitting a probe PRM (``prm.kind: probe``, :mod:`clemprm.models.probe`) in the ``prm_adapter`` stage
-(:func:`clemprm.stages.prm.train_prm` reads the data, calls :func:`fit_probe`, evaluates the scorer it returns as it
-evaluates a LoRA PRM, and writes the folder with :func:`write_probe`).
+(:func:`clemprm.stages.prm.train_prm` reads the data, calls :func:`fit_probe`, scores every side with the scorer it
+returns as with a LoRA PRM, for rule ``prm_metrics`` to measure, and writes the folder with :func:`write_probe`).
 
 Heads
     Linear, on features standardised by the data each head is fitted on, fitted full-batch (L-BFGS) on the LoRA
@@ -164,7 +164,7 @@ def fit_probe(features: ProbeFeatures, prm: dict, seed: int, train: list, verdic
     def validity_objective(logits, labels, groups, pair_weights):
         return loss_fn(logits, labels, groups, "bce", 0.0, None)
 
-    data = FitData.of(train, features.of([e.input_ids for e in train]), weights)
+    data = FitData.of(train, features.of([e.input_ids for e in train], [e.state_id for e in train]), weights)
     feature_seconds = time.perf_counter() - start
     report = {"kind": "probe", "layers": features.layers, "window": features.window,
               "features": int(data.features.shape[1]), "feature_seconds": round(feature_seconds, 2),

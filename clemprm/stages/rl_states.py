@@ -20,8 +20,10 @@ import logging
 from clemprm import records
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.config import provenance
-from clemprm.play.engine import Episode, RolloutEngine, Sampling
-from clemprm.stages.labels import evenly_spaced
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
+from clemprm.play.episode import Episode
+from clemprm.stages.branch_points import evenly_spaced
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
 from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
 from clemprm.config import provenance
-from clemprm.play.engine import RolloutEngine, Sampling
+from clemprm.play.contract import Sampling
+from clemprm.play.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
 

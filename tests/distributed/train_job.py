@@ -16,7 +16,7 @@ from clemprm.config import load_config
 def main(run_dir: Path, out: Path, cache_dir: str) -> None:
     distributed.init_from_environment()
     logging.basicConfig(level=logging.INFO, format=f"rank {distributed.rank()}: %(name)s: %(message)s")
-    from clemprm.stages import prm, sft
+    from clemprm.stages import prm, prm_evaluation, sft
 
     # dropout 0: each process draws its own dropout masks, so weights compare only without it; grad_accum 2: one
     # process accumulates 2 batches, two processes 1 each (the same effective batch); train sets of a multiple of
@@ -32,8 +32,11 @@ def main(run_dir: Path, out: Path, cache_dir: str) -> None:
     settings = {name: config[name] for name in ("seed", "model", "sft", "prm")}
     sft.train_sft(settings, str(run_dir / "results/sft/sft_data.parquet"), str(out / "sft"),
                   str(out / "sft_metrics.json"), cache_dir, on_failure="continue")
-    prm.train_prm(settings, str(run_dir / "results/labels/soft_labels.parquet"), str(out / "prm"),
-                  str(out / "prm_metrics.json"), cache_dir, on_failure="continue")
+    labels = str(run_dir / "results/labels/soft_labels.parquet")
+    prm.train_prm(settings, labels, str(out / "prm"), str(out / "prm_predictions.parquet"), cache_dir)
+    if distributed.is_main():   # rule prm_metrics: one process, after the training wrote the predictions
+        prm_evaluation.measure_prm(settings, labels, str(out / "prm_predictions.parquet"),
+                                   str(out / "prm_metrics.json"), on_failure="continue")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,8 @@ def test_every_rule_has_slurm_resources_and_model_rules_ask_for_a_gpu():
     assert MODEL_RULES & rules <= gpu_rules(profile)
     assert MODEL_RULES <= rules
     # filtering, gathering and summaries are small CPU jobs
-    assert not gpu_rules(profile) & {"win_filter", "gather_soft_labels", "eval_summary", "eval_report_figures"}
+    assert not gpu_rules(profile) & {"win_filter", "gather_soft_labels", "prm_metrics", "eval_summary",
+                                     "eval_report_figures"}
 
 
 def _dry_run(*args, cwd, env):

@@ -40,11 +40,12 @@ RUN_LIMIT_S = 900
 # the session's local run and the SLURM run are this module's set-up: more than pytest's default 900 s on a loaded
 # machine (each snakemake run is bounded by RUN_LIMIT_S)
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2 * RUN_LIMIT_S + 600)]
-# what the SLURM run makes again on a copy of the local run: the label shards and their gathering, the PRM and
-# best_of_n's eval (the SFT policy searching with the PRM, in 2 processes). One output of each of those jobs is removed
-# (Snakemake removes a job's other outputs before it runs); the jobs before them are up to date.
+# what the SLURM run makes again on a copy of the local run: the label shards and their gathering, the PRM, its
+# metrics and best_of_n's eval (the SFT policy searching with the PRM, in 2 processes). One output of each of those
+# jobs is removed (Snakemake removes a job's other outputs before it runs); the jobs before them are up to date.
 SLURM_TARGETS = ("results/prm/metrics.json", "results/eval/best_of_n.parquet")
-SLURM_RULES = {"soft_labels": 2, "gather_soft_labels": 1, "gather_answers": 1, "prm_adapter": 1, "eval_mode": 1}
+SLURM_RULES = {"soft_labels": 2, "gather_soft_labels": 1, "gather_answers": 1, "prm_adapter": 1, "prm_metrics": 1,
+               "eval_mode": 1}
 SLURM_REMOVED = ("results/labels/shards/0-of-2.parquet", "results/labels/shards/1-of-2.parquet",
                  "results/labels/soft_labels.parquet", *SLURM_TARGETS)
 JOB = re.compile(r"^(?:local)?rule (\w+):", flags=re.MULTILINE)   # a job's block in a dry run

@@ -24,7 +24,7 @@ ROUND_SCORE_NAMES = {"deduction": "Deduction Score", "exact_deduction": "Exact D
 
 def turn_rewards(episode) -> list[dict]:
     """One ``{deduction, exact_deduction, move_rating, format}`` dict per turn of ``episode`` (a
-    :class:`clemprm.play.engine.Episode` of hanabi), aligned with ``episode.turns``; works on unfinished episodes."""
+    :class:`clemprm.play.episode.Episode` of hanabi), aligned with ``episode.turns``; works on unfinished episodes."""
     scores = turn_scores_of(episode.recorder.interactions)
     if len(scores) < len(episode.turns):
         raise ValueError(f"episode {episode.episode_id}: per-turn scores for {len(scores)} of its "
