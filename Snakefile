@@ -9,7 +9,7 @@ from clemprm.checks.parse_time import ConfigInputError, snakemake_processes_prob
 from clemprm.config import (base_rollouts_params, eval_mode_params, policy_sections, rl_params, sections,
                             trained_adapters)
 from clemprm.stages.merge import merge_params
-from clemprm.workflow import check_config, rule_params
+from clemprm.workflow import check_config, label_shard_count, rule_params
 
 min_version("9.0")
 

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from clemprm import distributed
 from clemprm.config import job_environment, sorted_dict
@@ -72,7 +73,8 @@ params, so changing one reruns nothing (docs/configuration.md, "What a changed k
 only sets how many resamples estimate the same intervals of the PRM's held-out ranking; ``prm.gate.on_failure``, like
 ``on_failure``, what a failed gate does (the verdict itself, by ``prm.ci`` and the gate's thresholds, is a trigger of
 rule ``prm_metrics``).
-``labels.shards`` still names the shard files, so a new count remakes the labels: Snakemake makes each missing file."""
+``labels.shards`` also names the shard files (``<s>-of-<S>.parquet``): :func:`label_shard_count` keeps the count
+that made the labels there while they are what the config asks, so that a new count alone remakes nothing."""
 
 PLAYED_SPLITS = {   # rule -> the splits whose instances its jobs play: games.max_instances of the others is no trigger
     "base_rollouts": lambda config: {"train"},
@@ -139,6 +141,38 @@ def job_settings(snakemake) -> dict:
         if parent is not None and source is not None and name in source:
             parent[name] = copy.deepcopy(source[name])
     return sorted_dict(settings)
+
+
+SHARDS_FOLDER = "results/labels/shards"
+
+
+def label_shard_count(config: dict, params: dict, folder: str = SHARDS_FOLDER) -> int:
+    """How many soft-label shards the DAG has: ``labels.shards``, unless the labels are already there in shards of
+    another count (every file of the set) made with the ``soft_labels`` rule's ``params`` of now. Then that count:
+    the labels do not depend on it, but Snakemake schedules by file, so a new count would make the new count's files
+    and rerun everything that reads them (the PRM, the searches). The new count applies the next time the labels are
+    made: when anything they depend on changes, or after ``rm -r results/labels/shards``. Read at parse time (the
+    Snakefile); a shard file that cannot be read counts as not there."""
+    from clemprm.records import RecordFileError, read_provenance
+
+    wanted, current = config["labels"]["shards"], []
+    for count in sorted({int(path.stem.split("-of-")[1]) for path in Path(folder).glob("*-of-*.parquet")
+                         if path.stem.split("-of-")[-1].isdigit()} - {wanted}):
+        files = [Path(folder) / f"{shard}-of-{count}.parquet" for shard in range(count)]
+        try:
+            made_with = [rule_params("soft_labels", read_provenance(path).get("config", {}), config)
+                         for path in files if path.is_file()]
+        except RecordFileError:
+            continue
+        if len(made_with) == count and all(settings == params for settings in made_with):
+            current.append((min(path.stat().st_mtime for path in files), count))
+    if not current or all((Path(folder) / f"{shard}-of-{wanted}.parquet").is_file() for shard in range(wanted)):
+        return wanted
+    count = max(current)[1]   # the newest complete set
+    logging.getLogger(__name__).info("labels.shards %d: the soft labels are already made in %d shards with these "
+                                     "settings; they are kept (rm -r %s to make them again in %d)", wanted, count,
+                                     folder, wanted)
+    return count
 
 
 def check_config(config: dict, config_files=(), command_line: dict | None = None, inputs: bool = True) -> list[str]:

@@ -1,6 +1,8 @@
 # Stages 4-5: the SFT policy's branch points, then K-rollout soft labels in independent shards (scatter/gather).
 
-LABEL_SHARDS = config["labels"]["shards"]
+SOFT_LABELS_PARAMS = rule_params("soft_labels", policy_sections(config, "seed", "model", "games", "labels"), config)
+# labels.shards, or the count of the shards already made with these params (a new count alone remakes nothing)
+LABEL_SHARDS = label_shard_count(config, SOFT_LABELS_PARAMS)
 
 
 rule branch_points:
@@ -34,7 +36,7 @@ rule soft_labels:
         shard=r"\d+",
         shards=r"\d+",
     params:
-        settings=rule_params("soft_labels", policy_sections(config, "seed", "model", "games", "labels"), config),
+        settings=SOFT_LABELS_PARAMS,
     log:
         "results/logs/soft_labels/{shard}-of-{shards}.log",
     benchmark:

@@ -27,8 +27,8 @@ import yaml
 from clemprm import records
 from clemprm.evaluation import console, evaluate, report
 from clemprm.evaluation.inspect import inspect_file
-from clemprm.config import deep_merge, eval_mode_params, load_config, policy_sections
-from clemprm.workflow import job_settings, rule_params
+from clemprm.config import deep_merge, eval_mode_params, load_config, policy_sections, provenance
+from clemprm.workflow import job_settings, label_shard_count, rule_params
 from tests.conftest import TESTS_SHAPE, CompletedRun, copy_of_run, tiny_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -503,6 +503,28 @@ def forced_rules(workdir: Path, rules: tuple[str, ...]) -> set[str]:
     """The jobs (:func:`planned_rules`) a dry run forcing ``rules`` plans on the run in ``workdir``: those rules' and
     every job after them. Once per set of rules (several rows name the same)."""
     return planned_rules(snakemake(workdir, "-n", "--forcerun", *rules).stdout)
+
+
+def test_the_shard_count_of_labels_already_made_is_kept_until_the_labels_change(tmp_path):
+    """labels.shards 3 over labels made in 2 shards with the same settings: the DAG keeps 2 (nothing to remake);
+    with another labels.k (the labels are made again anyway), a shard missing, or a set of 3 there, it is 3."""
+    def soft_labels_params(config):
+        return rule_params("soft_labels", policy_sections(config, "seed", "model", "games", "labels"), config)
+
+    made = load_config(overrides={"labels": {"shards": 2}})
+    folder = tmp_path / "shards"
+    for shard in range(2):
+        records.write_records(folder / f"{shard}-of-2.parquet", [], records.SOFT_LABEL_SHARDS,
+                              provenance(policy_sections(made, "seed", "model", "games", "labels")))
+    now = load_config(overrides={"labels": {"shards": 3, "checkpoint_every": 7}})
+    assert label_shard_count(now, soft_labels_params(now), str(folder)) == 2
+    other_k = load_config(overrides={"labels": {"shards": 3, "k": made["labels"]["k"] + 1}})
+    assert label_shard_count(other_k, soft_labels_params(other_k), str(folder)) == 3
+    assert label_shard_count(now, soft_labels_params(now), str(tmp_path / "none")) == 3
+    (folder / "2-of-3.parquet").write_bytes(b"")   # an incomplete set of the count asked for: the made one is kept
+    assert label_shard_count(now, soft_labels_params(now), str(folder)) == 2
+    (folder / "1-of-2.parquet").unlink()
+    assert label_shard_count(now, soft_labels_params(now), str(folder)) == 3
 
 
 def test_a_job_reads_the_keys_its_params_leave_out(completed_run):
