@@ -94,7 +94,7 @@ def test_a_lookahead_run_is_tabulated_apart_against_its_rule_control(completed_r
 
 
 def test_a_claim_holds_when_the_mean_over_seeds_clears_0_not_when_its_point_estimate_does():
-    """The blind best_of_n - random_of_n of seeds 7, 11 and 42 (docs/data/learning_seeds.json): the mean is +7.2 %
+    """The blind best_of_n - random_of_n of seeds 7, 11 and 42 (docs/data/learning_seeds_2026-12-05.json): the mean is +7.2 %
     played, on the right side of 0, but its interval is not; a search that gains on every seed with tight intervals
     holds; the PRM's regret, where lower is better, holds when the interval lies below 0."""
     key = "blind/difference/best_of_n-random_of_n/percent_played"
