@@ -685,7 +685,7 @@ def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test
     from safetensors.torch import load_file
 
     from clemprm.config import sections
-    from clemprm.evaluation import evaluate
+    from clemprm.evaluation import evaluate, report
 
     labels = write_labels(tmp_path / "labels.parquet", synthetic_rows()[:20])
     settings = prm_settings(loss="mse", lr=1e-2, epochs=2, batch_size=4, grad_accum=64, validation_fraction=0.0)
@@ -703,6 +703,9 @@ def test_mse_loss_small_data_caps_grad_accum_and_is_deterministic(tmp_path, test
     summary = evaluate.summarize_eval(sections(tiny_config(), "seed", "model", "games", "eval"), [],
                                       str(tmp_path / "prm_eval.json"), prm_metrics_path=str(tmp_path / "a.json"))
     assert capped[0] in summary["upstream_warnings"] and capped[0]["message"] in summary["warnings"]
+    report.write_warnings_page(summary, tmp_path / "warnings.html")   # the report's front page: a warning, no failure
+    page = (tmp_path / "warnings.html").read_text()
+    assert "WARNING: 1 warning(s) on what the run measured; the results" in page and "failed stage" not in page
     assert metrics["steps"] == 2 and metrics["examples"]["validation"] == 0
     assert metrics["evaluation"]["validation"] is None and metrics["eval_loss"] is None
     assert metrics["train_loss"] < 0.25 and metrics["history"] == other_metrics["history"]

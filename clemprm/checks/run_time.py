@@ -36,10 +36,12 @@ log = logging.getLogger(__name__)
 
 ON_FAILURE = ("stop", "continue")
 # what a stage went on despite (FailureMark.condition)
-CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples", "game_lost_to_max_length",
-              "no_branch_points", "no_soft_labels", "no_label_variance", "prm_not_learned", "adapter_not_trained",
-              # warnings (:func:`warning_mark`): the run went on as configured, but not quite as the config says
-              "grad_accum_capped", "heldout_capped")
+FAILURE_CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_training_examples",
+                      "game_lost_to_max_length", "no_branch_points", "no_soft_labels", "no_label_variance",
+                      "prm_not_learned", "adapter_not_trained")
+# warnings (:func:`warning_mark`): the run went on as configured, but not quite as the config says
+WARNING_CONDITIONS = ("grad_accum_capped", "heldout_capped")
+CONDITIONS = FAILURE_CONDITIONS + WARNING_CONDITIONS
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 
 

@@ -27,6 +27,8 @@ import logging
 import math
 from pathlib import Path
 
+from clemprm.checks.run_time import WARNING_CONDITIONS
+
 log = logging.getLogger(__name__)
 
 DATA_KEY = "clemprm:data"   # the PNG text chunk holding a figure's data
@@ -136,8 +138,11 @@ def write_warnings_page(summary: dict, path: str | Path) -> None:
         header = "".join(f"<th>{column.replace('_', ' ')}</th>" for column in columns)
         rows = "".join("<tr>" + "".join(f"<td>{cell(mark, column)}</td>" for column in columns) + "</tr>\n"
                        for mark in marks)
-        text = (box + f"<p><strong>WARNING: {len(marks)} failed stage check(s) went on (on_failure: continue); the "
-                f"results of this report are built on them.</strong></p>\n"
+        failed = [mark for mark in marks if mark.get("condition") not in WARNING_CONDITIONS]
+        said = ([f"{len(failed)} failed stage check(s) went on (on_failure: continue)"] if failed else []) + (
+            [f"{len(marks) - len(failed)} warning(s) on what the run measured"] if len(marks) > len(failed) else [])
+        text = (box + f"<p><strong>WARNING: {' and '.join(said)}; the results of this report are built on "
+                f"them.</strong></p>\n"
                 f"<table>\n<tr>{header}</tr>\n{rows}</table>\n</div>\n")
     else:
         text = "<p>No stage went on after a failure: every fail-fast check passed.</p>\n"
