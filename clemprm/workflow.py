@@ -156,8 +156,8 @@ def label_shard_count(config: dict, params: dict, folder: str = SHARDS_FOLDER) -
     from clemprm.records import RecordFileError, read_provenance
 
     wanted, current = config["labels"]["shards"], []
-    for count in sorted({int(path.stem.split("-of-")[1]) for path in Path(folder).glob("*-of-*.parquet")
-                         if path.stem.split("-of-")[-1].isdigit()} - {wanted}):
+    counts = {path.stem.rpartition("-of-")[2] for path in Path(folder).glob("*-of-*.parquet")}
+    for count in sorted({int(count) for count in counts if count.isdigit()} - {wanted}):
         files = [Path(folder) / f"{shard}-of-{count}.parquet" for shard in range(count)]
         try:
             made_with = [rule_params("soft_labels", read_provenance(path).get("config", {}), config)

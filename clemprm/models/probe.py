@@ -100,9 +100,8 @@ class ProbeFeatures:
                 rows.update(zip(indices, self._forward([pending[i] for i in indices])))
             for batch in group_batches(groups, self.token_budget):
                 rows.update(zip([i for group in batch for i in group.rows], self._forward_shared(pending, batch)))
-        for i, row in rows.items():
-            if self.cache is not None:
-                self.cache[tuple(pending[i])] = row
+        if self.cache is not None:
+            self.cache.update((tuple(pending[i]), row) for i, row in rows.items())
         if not sequences:
             return torch.zeros((0, 0))
         found = {todo[i]: row for i, row in rows.items()}

@@ -64,17 +64,21 @@ def sample_whole_groups(examples: list[Example], limit: int | None, seed: int) -
     return chosen
 
 
+def row_fields(index: int, row: dict) -> dict:
+    """What the measures read of soft-label row ``index``: its label, instance, state (siblings share it), row and
+    multiplicity (:class:`Example`'s fields after the text; :class:`clemprm.stages.prm_evaluation.Predicted`'s)."""
+    return {"label": float(row["label"]), "key": records.instance_key(row["game"], row["experiment"], row["game_id"]),
+            "state_id": row.get("prefix_id") or row["bp_id"], "row": index, "multiplicity": row["multiplicity"]}
+
+
 def build_examples(rows: list[dict], tokenizer, chat_template_kwargs: dict, max_length: int,
                    prm_input: str = "candidate") -> list[Example]:
     """One example per soft-label row, its text as ``prm_input`` reads it (the game's reply only for
     ``candidate_with_reply``)."""
     reads_reply = prm_input == "candidate_with_reply"
     return [Example(*encode_pair(tokenizer, row["prefix"], row["candidate"], row["reply"] if reads_reply else "",
-                                 chat_template_kwargs, max_length),
-                    label=float(row["label"]),
-                    key=records.instance_key(row["game"], row["experiment"], row["game_id"]),
-                    state_id=row.get("prefix_id") or row["bp_id"],
-                    row=index, multiplicity=row["multiplicity"]) for index, row in enumerate(rows)]
+                                 chat_template_kwargs, max_length), **row_fields(index, row))
+            for index, row in enumerate(rows)]
 
 
 def acceptance_examples(answers_path: str, tokenizer, chat_template_kwargs: dict, max_length: int, limit: int,

@@ -27,7 +27,7 @@ from clemprm import records
 from clemprm.checks.run_time import MARKS_KEY, StageFailure, fail_or_warn
 from clemprm.config import deep_merge
 from clemprm.play.engine import rule_score
-from clemprm.stages.prm_data import SIDES, TRAINING_KEY, read_labels
+from clemprm.stages.prm_data import SIDES, TRAINING_KEY, read_labels, row_fields
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, orientation, orientation_side,
                                         prediction_metrics, quality_gate, rank_metrics, ranking_metrics,
                                         verdict_metrics)
@@ -72,12 +72,9 @@ def read_predictions(path: str, rows: list[dict]) -> tuple[dict[str, list[Predic
             raise records.RecordFileError(f"record file {path}: row {index} ({predicted['bp_id']}) is no row of the "
                                           f"soft labels read beside it (made from other labels?)"
                                           f"{records.remake_hint(path)}")
-        row = rows[index]
         prediction = math.nan if predicted["prediction"] is None else predicted["prediction"]
-        sides[predicted["side"]].append(Predicted(
-            float(row["label"]), records.instance_key(row["game"], row["experiment"], row["game_id"]),
-            row.get("prefix_id") or row["bp_id"], index, row["multiplicity"], prediction,
-            predicted["policy_logprob"]))
+        sides[predicted["side"]].append(Predicted(**row_fields(index, rows[index]), prediction=prediction,
+                                                  policy_logprob=predicted["policy_logprob"]))
     return sides, training
 
 
