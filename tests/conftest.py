@@ -1,7 +1,17 @@
-"""Shared test fixtures: offline mode, a tmp working directory, scripted policies that drive real games."""
+"""Shared test fixtures: offline mode, a tmp working directory, scripted policies that drive real games.
+
+The README's test command runs the suite in 2 pytest-xdist workers (``-n 2 --dist loadfile``, scripts/quickstart.sh):
+a test module runs whole on one worker, so its module fixtures (a vLLM server, a SLURM cluster, a trained adapter) are
+made once; the slowest modules are handed out first (:data:`SLOWEST_FIRST`; ``--no-loadscope-reorder`` keeps that
+order, which xdist would otherwise sort by the number of tests). The session's expensive fixtures (the model cache
+with its SmolLM2 conversion, the completed tiny run) are made once per run, by whichever worker asks first, in the
+folder all workers share (:func:`made_once`). (``--dist loadgroup`` would group by marks, but pytest 9.2 ignores the
+node id xdist 3.8 rewrites for it.)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -14,8 +24,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 from clemprm.config import load_config  # noqa: E402
+
+# the test modules that take longest (minutes each on 2 cores), slowest first: under xdist a worker takes the next
+# module when it is free, so starting with the long ones keeps both busy to the end
+SLOWEST_FIRST = ("test_slurm_pipeline", "test_vllm", "test_distributed", "test_workflow", "test_models", "test_labels",
+                 "test_rl", "test_bench", "test_cli", "test_prm")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):   # every worker sorts alike (a stable sort): xdist needs one order
+        rank = {module: i for i, module in enumerate(SLOWEST_FIRST)}
+        items.sort(key=lambda item: rank.get(Path(item.fspath).stem, len(rank)))
+
+
+@contextlib.contextmanager
+def made_once(tmp_path_factory, name: str):
+    """``(folder, fresh)`` for an expensive session fixture: the folder under the root all xdist workers of this run
+    share (the session's own tmp folder when not distributed), held under a file lock while the caller fills it;
+    ``fresh`` is false when another worker made it already (its marker beside it is there)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    with FileLock(f"{folder}.lock"):
+        marker = folder.parent / f".{name}.made"
+        fresh = not marker.exists()
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)   # a worker's failed attempt
+            folder.mkdir(parents=True)
+        yield folder, fresh
+        marker.touch()
 
 
 @pytest.fixture(autouse=True)
@@ -26,18 +65,21 @@ def _tmp_cwd(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def test_cache_dir(tmp_path_factory):
-    """One model cache for the whole session (tiny models are materialised there)."""
-    return str(tmp_path_factory.mktemp("model-cache"))
+    """One model cache for the whole session (tiny models are materialised there; clemprm.models.materialise builds
+    a model once when several processes ask at the same time)."""
+    with made_once(tmp_path_factory, "model-cache") as (folder, _):
+        return str(folder)
 
 
 @pytest.fixture(scope="session")
-def smollm2(test_cache_dir):
+def smollm2(tmp_path_factory, test_cache_dir):
     """The embedded SmolLM2 converted once for the whole session (about 40 s), into the session's model cache: every
     test that loads it (``ModelConfig(cache_dir=test_cache_dir)``) reuses the conversion. ``(config, folder)``."""
     from clemprm.models.loader import ModelConfig, resolve_model_dir
 
     cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)
-    return cfg, Path(resolve_model_dir(cfg))
+    with made_once(tmp_path_factory, "smollm2-converted"):   # the other worker waits instead of converting too
+        return cfg, Path(resolve_model_dir(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +99,16 @@ def completed_run(tmp_path_factory, test_cache_dir) -> CompletedRun:
     requeued label shard. Treat it as read-only: a test that reruns something works on a copy (:func:`copy_of_run`)."""
     from tests import test_workflow as workflow
 
-    workdir = tmp_path_factory.mktemp("completed-run")
-    workflow.prepare_workdir(workdir, test_cache_dir)
-    start = time.monotonic()
-    result = workflow.snakemake(workdir)
-    return CompletedRun(workdir, result.stdout + "\n" + result.stderr, time.monotonic() - start)
+    with made_once(tmp_path_factory, "completed-run") as (workdir, fresh):
+        made = workdir.parent / "completed-run.json"   # snakemake's output and time, for the workers that did not run
+        if fresh:
+            workflow.prepare_workdir(workdir, test_cache_dir)
+            start = time.monotonic()
+            result = workflow.snakemake(workdir)
+            made.write_text(json.dumps({"output": result.stdout + "\n" + result.stderr,
+                                        "seconds": time.monotonic() - start}))
+        run = json.loads(made.read_text())
+    return CompletedRun(workdir, run["output"], run["seconds"])
 
 
 def copy_of_run(run: CompletedRun, destination: Path) -> Path:
@@ -168,3 +215,5 @@ def binary_search_answer(messages: list[dict]) -> str:
         else:
             high = min(high, int(guess) - 1)
     return f"GUESS: {(low + high) // 2}"
+
+
