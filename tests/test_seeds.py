@@ -25,9 +25,13 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     else:
         assert row["blind/ranking/prm/pairwise_accuracy"] == prm_accuracy
     assert "blind/ranking/acceptance/pairwise_accuracy" in row   # the reference row beside the blind PRM
-    # % played is defined whatever was played (quality is not when nothing was)
-    best = summary["differences"]["random_of_n"]["best_of_n"]["overall"]["percent_played"]
+    # % played and clemscore are defined whatever was played (quality is not when nothing was); clemscore, the
+    # headline, leads
+    overall = summary["differences"]["random_of_n"]["best_of_n"]["overall"]
+    best = overall["percent_played"]
     assert row["blind/difference/best_of_n-random_of_n/percent_played"] == best["value"]
+    assert row["blind/difference/best_of_n-random_of_n/clemscore"] == overall["clemscore"]["value"]
+    assert "blind: best_of_n beats random_of_n on clemscore" in seeds.claim_differences()
     assert row["blind/difference/best_of_n-random_of_n/percent_played/ci"] == (   # led by its level, eval.ci
         f"{100 * summary['bootstrap']['ci']:g}% [{best['ci_low']:+.3f}, {best['ci_high']:+.3f}]")
     assert row["blind/gate"] == summary["prm"]["gate"]["status"]

@@ -49,7 +49,7 @@ CLAIM_CI = 0.95   # the level of a claim's interval over seeds
 # made at 0.95 (eval.ci and prm.ci of the config, which the learning benchmark keeps)
 UNMARKED_LEVEL = 0.95
 RANKING_METRICS = ("pairwise_accuracy", "top1_regret")
-DIFFERENCE_METRICS = ("percent_played", "quality")
+DIFFERENCE_METRICS = ("clemscore", "percent_played", "quality")   # clemscore first: what clembench ranks by
 RANKING_BASELINES = {"blind": ("candidate_length", "policy_logprob", "constant_mean"),
                      "lookahead": ("candidate_length", "policy_logprob", "constant_mean", "rule")}
 REFERENCES = {"blind": ("acceptance",), "lookahead": ()}   # tabulated, not claimed against
