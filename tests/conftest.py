@@ -3,9 +3,9 @@
 The README's test command runs the suite in 2 pytest-xdist workers (``-n 2 --dist loadfile``, scripts/quickstart.sh):
 a test module runs whole on one worker, so its module fixtures (a vLLM server, a SLURM cluster, a trained adapter) are
 made once; the slowest modules are handed out first (:data:`SLOWEST_FIRST`; ``--no-loadscope-reorder`` keeps that
-order, which xdist would otherwise sort by the number of tests). The session's expensive fixtures (the model cache
-with its SmolLM2 conversion, the completed tiny run) are made once per run, by whichever worker asks first, in the
-folder all workers share (:func:`made_once`). (``--dist loadgroup`` would group by marks, but pytest 9.2 ignores the
+order, which xdist would otherwise sort by the number of tests). The session's expensive fixtures (the model cache,
+the completed tiny run) are made once per run, by whichever worker asks first, in the folder all workers share
+(:func:`made_once`); a model in the shared cache is built once by clemprm.models.materialise's own file lock. (``--dist loadgroup`` would group by marks, but pytest 9.2 ignores the
 node id xdist 3.8 rewrites for it.)
 """
 
@@ -72,14 +72,13 @@ def test_cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory, test_cache_dir):
+def smollm2(test_cache_dir):
     """The embedded SmolLM2 converted once for the whole session (about 40 s), into the session's model cache: every
     test that loads it (``ModelConfig(cache_dir=test_cache_dir)``) reuses the conversion. ``(config, folder)``."""
     from clemprm.models.loader import ModelConfig, resolve_model_dir
 
-    cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)
-    with made_once(tmp_path_factory, "smollm2-converted"):   # the other worker waits instead of converting too
-        return cfg, Path(resolve_model_dir(cfg))
+    cfg = ModelConfig(threads=2, cache_dir=test_cache_dir)   # the shared cache: another xdist worker that converts
+    return cfg, Path(resolve_model_dir(cfg))                    # it at the same time waits on materialise's lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,5 +214,3 @@ def binary_search_answer(messages: list[dict]) -> str:
         else:
             high = min(high, int(guess) - 1)
     return f"GUESS: {(low + high) // 2}"
-
-
