@@ -98,18 +98,9 @@ def cross_key_problem(config: dict) -> str | None:
 
 
 def prm_problem(config: dict) -> str | None:
-    """PRM settings that train or judge nothing: acceptance pre-training of one optimizer step at learning rate 0
-    (its one epoch of at most ``acceptance_examples`` answers makes one step when they fit in one effective batch,
-    and a warmup starts that step at 0), or a gate that stops the run (``prm.gate.on_failure: stop``, or ``inherit``
+    """PRM settings that judge nothing: a gate that stops the run (``prm.gate.on_failure: stop``, or ``inherit``
     under ``on_failure: stop``) with no held-out set to judge the PRM on (it would stop on no evidence, or never)."""
     prm = config["prm"]
-    batch = prm["batch_size"] * prm["grad_accum"]
-    if 0 < prm["acceptance_examples"] <= batch and prm["warmup_ratio"] > 0:
-        return (f"config key 'prm.acceptance_examples': {prm['acceptance_examples']} answers fit in one effective "
-                f"batch (prm.batch_size {prm['batch_size']} x prm.grad_accum {prm['grad_accum']} = {batch}): the "
-                f"acceptance pre-training would make one optimizer step, at learning rate 0 (prm.warmup_ratio "
-                f"{prm['warmup_ratio']} starts it at 0), and train nothing: give more than {batch}, or 0 to turn it "
-                f"off")
     action = config["on_failure"] if prm["gate"]["on_failure"] == "inherit" else prm["gate"]["on_failure"]
     if action == "stop" and not config["branch_points"]["validation_instances"] and not prm["validation_fraction"]:
         return ("config key 'prm.gate.on_failure': the gate stops the run when the PRM fails it, but there is no "

@@ -247,6 +247,27 @@ def trainer_arguments(section: dict, *, key: str, seed: int, output_dir: str, de
         dataloader_pin_memory=device == "cuda", **per_epoch)
 
 
+def schedule_factor(kind: str, warmup: int, total: int):
+    """The learning-rate factor of optimizer step ``step`` (0-based) of ``total``, for ``kind`` (``linear``,
+    ``cosine``, ``constant_with_warmup``) after ``warmup`` warm-up steps, such that no step runs at factor 0:
+    transformers' schedules give the first step lr 0 (``step / warmup``) and, for ``linear``, the last step
+    too, which a run of tens of steps cannot spare (Adam moves a weight by about lr per step). Here warm-up step
+    ``i`` runs at ``(i + 1) / (warmup + 1)`` and the decay ends one step past the last: ``(total - step) /
+    (total - warmup)``."""
+    if kind not in ("linear", "cosine", "constant_with_warmup"):
+        raise ValueError(f"unknown learning-rate schedule {kind!r} (known: linear, cosine, constant_with_warmup)")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if kind == "constant_with_warmup":
+            return 1.0
+        remaining = max(0.0, (total - step) / max(1, total - warmup))
+        return remaining if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * (1.0 - remaining)))
+
+    return factor
+
+
 def step_grouped(trainer_class):
     """``trainer_class`` with its length-grouped batches drawn per optimizer step of all processes: the Trainer groups
     ``batch_size x accumulation`` examples of similar length, here ``x processes`` too, so any process count with the

@@ -210,14 +210,10 @@ def test_rl_settings_the_rl_job_refuses_are_refused_at_parse_time(rl, message):
     load_config(overrides={"rl": {**rl, "algorithms": []}})   # no RL trained: the settings are not used
 
 
-def test_acceptance_pretraining_of_one_step_at_learning_rate_zero_is_refused():
-    """prm.acceptance_examples: 4 made one optimizer step at learning rate 0; only metrics.json said "untrained"."""
-    with pytest.raises(ConfigError, match=re.escape(
-            "config key 'prm.acceptance_examples': 8 answers fit in one effective batch (prm.batch_size 4 x "
-            "prm.grad_accum 2 = 8): the acceptance pre-training would make one optimizer step, at learning rate 0")):
-        load_config(overrides={"prm": {"acceptance_examples": 8}})
-    load_config(overrides={"prm": {"acceptance_examples": 9}})
-    load_config(overrides={"prm": {"acceptance_examples": 4, "warmup_ratio": 0.0}})
+def test_acceptance_examples_that_fit_one_batch_are_accepted():
+    """They train beside the soft labels in one schedule whose first step is not at lr 0 (it was refused while they
+    were a separate epoch of one step at learning rate 0)."""
+    load_config(overrides={"prm": {"acceptance_examples": 4}})
 
 
 def test_a_gate_that_stops_the_run_needs_a_held_out_set():

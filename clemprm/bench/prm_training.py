@@ -124,6 +124,12 @@ def run(args) -> Figures:
         figures.note(f"prm [{name}] gate {metrics['gate']['status']}: mean prediction "
                      f"{held_out.get('mean_prediction')}, label {held_out.get('mean_label')}; std prediction "
                      f"{held_out.get('std_prediction')}, label {held_out.get('std_label')}")
+        head, verdicts = metrics.get("head") or {}, (metrics.get("acceptance") or {}).get("heldout") or {}
+        figures.add(f"prm [{name}]: head change / initial norm", head.get("change_over_initial_norm"), "ratio")
+        figures.note(f"prm [{name}] head: moved {head.get('change_norm')} from its random start (norm "
+                     f"{head.get('initial_norm')}, std {head.get('initial_std')} -> {head.get('final_std')}), largest "
+                     f"LoRA B {head.get('lora_b_max_abs')}; learning rates {metrics.get('learning_rates')}; held-out "
+                     f"verdicts AUROC {verdicts.get('auroc')} ({verdicts.get('n')} answers)")
         per_game = metrics["ranking"]["scorers"]["prm"]
         figures.note(f"prm [{name}] per game: " + "; ".join(
             f"{game}: accuracy {show(entry['pairwise_accuracy'])}, regret {show(entry['top1_regret'])}"

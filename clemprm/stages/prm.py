@@ -19,17 +19,24 @@ Training
 A probe PRM (``prm.kind: probe``)
     The same data, split, loss, evaluation, gate and metrics; instead of a LoRA classifier, linear heads on the
     frozen SFT policy's hidden states, fitted and chosen on train instances by :mod:`clemprm.stages.probe` (with
-    ``prm.acceptance_examples`` > 0, a validity head on the answers records instead of the pre-training below).
+    ``prm.acceptance_examples`` > 0, a validity head on the answers records instead of the verdicts below).
 
-Acceptance pre-training (``prm.acceptance_examples`` > 0)
-    Before the soft labels, one epoch on up to that many answers the pipeline played anyway (the answers records,
-    :mod:`clemprm.stages.answers`: base rollouts, SFT-policy trajectories, siblings and label continuations, train
-    split only), each labelled by the game's verdict on it (1: the game accepted the answer, 0: it counted a rule
-    violation), as many accepted as rejected where the records have them. The verdict is a function of the prompt
-    and the answer (each game states its answer format and rules in its prompt), known for free on every turn,
-    while Monte-Carlo soft labels cost K continuations each: a blind PRM learns the rules' validity from far more
-    examples than the labelled pairs, then what wins from the soft labels.
-    Held-out (validation-split) instances never enter it.
+The head (:mod:`clemprm.stages.prm_head`)
+    With ``prm.head_init: probe`` the score head is fitted on the frozen model's features before the LoRA trains
+    (linear probe, then fine-tune); ``prm.head_lr`` gives it a learning rate of its own; no optimizer step runs at
+    learning rate 0 (:func:`clemprm.training.schedule_factor`). The record says how far training moved the head from
+    its random start (``head``).
+
+The game's verdicts (``prm.acceptance_examples`` > 0)
+    Up to that many answers the pipeline played anyway (the answers records, :mod:`clemprm.stages.answers`: base
+    rollouts, SFT-policy trajectories, siblings and label continuations, train split only), each labelled by the game's
+    verdict on it (1: the game accepted the answer, 0: it counted a rule violation), as many accepted as rejected where
+    the records have them, train beside the soft labels: one dataset, one optimizer, one schedule (a separate
+    pre-training epoch was wiped by the soft-label stage that restarted the optimizer). The verdict is a function of
+    the prompt and the answer (each game states its answer format and rules in its prompt), known for free on every
+    turn, while Monte-Carlo soft labels cost K continuations each. The answers of a quarter of their instances are kept
+    out and predicted after training (``acceptance.heldout``: the validity part's AUROC on its own). Held-out
+    (validation-split) instances never enter.
 
 Predictions (what rule ``prm_metrics`` measures, :mod:`clemprm.stages.prm_evaluation`)
     After training, the written model scores every example of every side (train, the ``validation`` slice of train
@@ -57,7 +64,7 @@ from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sh
 from clemprm.config import provenance
 from clemprm.modes import PRM_INPUT_REGIMES
 from clemprm.checks.run_time import MARKS_KEY, warning_mark
-from clemprm.stages import probe
+from clemprm.stages import prm_head, probe
 from clemprm.stages.prm_data import (TRAINING_KEY, Example, acceptance_examples, build_examples, read_labels,
                                      sample_whole_groups, sibling_groups)
 from clemprm.stages.prm_metrics import orientation_side, prediction_metrics
@@ -65,7 +72,8 @@ from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
                               finite, initial_evaluation, keep_4bit_differentiable, lora_config, peak_memory_mb,
-                              progress_callback, shared_scratch_beside, split_instances, step_grouped,
+                              progress_callback, schedule_factor, shared_scratch_beside, split_instances,
+                              step_grouped,
                               trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
@@ -140,12 +148,34 @@ def _trainer_class():
         loss_is_scaled_for_ga = False
 
         def __init__(self, *args, loss: str = "bce", pairwise_weight: float = 0.0, share_prefixes: bool = False,
-                     pad_id: int = 0, **kwargs):
+                     pad_id: int = 0, head_lr: float | None = None, **kwargs):
             super().__init__(*args, **kwargs)
             self.loss = loss
             self.pairwise_weight = pairwise_weight
             self.share_prefixes = share_prefixes
             self.pad_id = pad_id
+            self.head_lr = head_lr
+
+        def create_optimizer(self, model=None):
+            """The Trainer's optimizer, the score head (PEFT's ``modules_to_save``) in a group of its own at
+            ``head_lr`` (``prm.head_lr``): a head that starts at random and a LoRA that starts at zero need
+            different step sizes."""
+            optimizer = super().create_optimizer(model)
+            if self.head_lr is not None:
+                split_head_group(optimizer, head_parameters(model or self.model), self.head_lr)
+            return optimizer
+
+        def create_scheduler(self, num_training_steps: int, optimizer=None):
+            """``prm.scheduler`` with no optimizer step at learning rate 0 (:func:`clemprm.training.schedule_factor`)."""
+            import torch
+
+            if self.lr_scheduler is None:
+                kind = getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type)
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer,
+                    schedule_factor(kind, self.args.get_warmup_steps(num_training_steps), num_training_steps))
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels, groups, weights = inputs.pop("labels"), inputs.pop("groups"), inputs.pop("weights")
@@ -160,6 +190,27 @@ def _trainer_class():
             return (loss, outputs) if return_outputs else loss
 
     return PRMTrainer
+
+
+def head_parameters(model) -> list:
+    """The trainable parameters of the fully trained modules (PEFT's ``modules_to_save``: the score head)."""
+    return [param for name, param in model.named_parameters() if param.requires_grad and "modules_to_save" in name]
+
+
+def split_head_group(optimizer, head: list, head_lr: float) -> None:
+    """Move the parameters of ``head`` out of ``optimizer``'s groups into groups of their own at ``head_lr`` (before
+    any step: the optimizer holds no state yet)."""
+    ids = {id(param) for param in head}
+    moved = []
+    for group in optimizer.param_groups:
+        mine = [param for param in group["params"] if id(param) in ids]
+        group["params"] = [param for param in group["params"] if id(param) not in ids]
+        if mine:
+            moved.append({**{key: value for key, value in group.items() if key != "params"}, "params": mine,
+                          "lr": head_lr})
+    optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
+    for group in moved:
+        optimizer.add_param_group(group)
 
 
 def _collator(pad_id: int):
@@ -246,7 +297,7 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
         eval_dataset=_as_dataset(validation, by_state, label_weights(validation, "none")) if validation else None,
         data_collator=_collator(tokenizer.pad_token_id), callbacks=callbacks, loss=prm["loss"],
         pairwise_weight=prm["pairwise_weight"], share_prefixes=shares_prefixes(model, by_state),
-        pad_id=tokenizer.pad_token_id)
+        pad_id=tokenizer.pad_token_id, head_lr=prm["head_lr"])
     trainer.remove_callback(PrinterCallback)   # progress goes to the log through LogProgress
     before = trainable_snapshot(trainer.model)
     start = time.perf_counter()
@@ -275,43 +326,37 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
 
 
 ACCEPTANCE_HELDOUT_FRACTION = 0.25
-"""Share of the acceptance answers' instances the pre-training leaves out to measure itself on (held-out verdicts)."""
+"""Share of the acceptance answers' instances left out of training to measure the PRM on (held-out verdicts)."""
 
 
-def _pretrain_on_acceptance(model, tokenizer, cfg, prm: dict, seed: int, answers_path: str | None, output_dir: str,
-                            device: str, tracking: TrackingRun) -> tuple[object, dict]:
-    """One epoch of BCE on :func:`acceptance_examples` (no pairwise term, no validation side), on the model the soft
-    labels then train; returns it and what the step did, with its predictions of the verdicts of answers of
-    instances it did not train on (``heldout``: :data:`ACCEPTANCE_HELDOUT_FRACTION` of them). Its train loss alone
-    says little: one epoch's mean from a fresh head whose logits stay small sits near ln 2 even where the head
-    already ranks the held-out verdicts (docs/benchmarks.md)."""
+def verdict_examples(tokenizer, cfg, prm: dict, seed: int, answers_path: str | None) -> tuple[list, list]:
+    """The answers the LoRA PRM trains on beside the soft labels (``prm.acceptance_examples`` of them, labelled by the
+    game's verdict: :func:`acceptance_examples`) and those of :data:`ACCEPTANCE_HELDOUT_FRACTION` of their instances
+    kept out to measure it on: ``(train, heldout)``."""
+    if not prm["acceptance_examples"]:
+        return [], []
     if not answers_path:
         raise ValueError("prm.acceptance_examples needs the answers records (results/labels/answers.parquet, rule "
                          "gather_answers: the rule's answers input); set it to 0 to train without them")
     examples = acceptance_examples(answers_path, tokenizer, cfg.chat_template_kwargs, prm["max_length"],
                                    prm["acceptance_examples"], seed)
-    accepted = sum(e.label > 0 for e in examples)
-    log.info("prm: acceptance pre-training: %d played answers drawn from %s (%d accepted, %d rejected), those of "
-             "%.0f%% of their instances held out", len(examples), answers_path, accepted, len(examples) - accepted,
-             100 * ACCEPTANCE_HELDOUT_FRACTION)
-    if not examples:
-        return model, {"examples": 0}
     heldout_keys = split_instances([e.key for e in examples], ACCEPTANCE_HELDOUT_FRACTION, seed)
     train = [e for e in examples if e.key not in heldout_keys]
     heldout = [e for e in examples if e.key in heldout_keys]
-    section = {**prm, "epochs": 1, "pairwise_weight": 0.0, "label_weighting": "none"}
-    model, training = _train(model, tokenizer, section, seed, train, [], output_dir, device,
-                             resolve_dtype(cfg, device), tracking)
-    scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"], tokenizer=tokenizer,
-                       model=model)
+    log.info("prm: %d played answers from %s train beside the soft labels (%d accepted), %d of other instances "
+             "held out to measure the verdicts on", len(train), answers_path, sum(e.label > 0 for e in train),
+             len(heldout))
+    return train, heldout
+
+
+def verdict_record(scorer: PRMScorer, train: list, heldout: list) -> dict:
+    """What the PRM learned of the game's verdicts: the answers it trained on, and its AUROC, BCE and spread on the
+    held-out answers' verdicts (the validity part on its own)."""
     predictions = scorer.score_ids([e.input_ids for e in heldout]) if heldout else []
     measured = prediction_metrics(predictions, [e.label for e in heldout])
-    log.info("prm: acceptance pre-training: %d steps, train loss %s; held-out verdicts of %d answers: AUROC %s",
-             training["steps"], training["train_loss"], len(heldout), measured and measured["auroc"])
-    return model, {"examples": len(train), "accepted": sum(e.label > 0 for e in train), "status": training["status"],
-                   "steps": training["steps"], "train_loss": training["train_loss"],
-                   "train_seconds": training["train_seconds"],
-                   "heldout": measured and {key: measured[key] for key in ("n", "auroc", "bce", "std_prediction")}}
+    log.info("prm: held-out verdicts of %d answers: AUROC %s", len(heldout), measured and measured["auroc"])
+    return {"examples": len(train), "accepted": sum(e.label > 0 for e in train),
+            "heldout": measured and {key: measured[key] for key in ("n", "auroc", "bce", "std_prediction")}}
 
 
 def prediction_rows(scorer: PRMScorer, sides: dict[str, list[Example]], rows: list[dict],
@@ -350,8 +395,8 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, predictions_pa
     probe's) and ``predictions_path``: the trained PRM's predictions of every side with the policy's log-probabilities
     (:func:`prediction_rows`) and, in its provenance (:data:`TRAINING_KEY`), the training record, which is returned.
     ``settings`` is the rule's settings: seed, model, prm. ``sft_adapter``: the policy whose log-probabilities are a
-    baseline (None: the base policy). ``answers_path``: the answers records (:mod:`clemprm.stages.answers`) the
-    acceptance pre-training reads (``prm.acceptance_examples``). ``tracking``: the tracker run that gets every step's
+    baseline (None: the base policy). ``answers_path``: the answers records (:mod:`clemprm.stages.answers`) whose
+    verdicts the PRM trains on (``prm.acceptance_examples``). ``tracking``: the tracker run that gets every step's
     loss (:mod:`clemprm.tracking`). Rule ``prm_metrics`` measures the predictions and judges the quality gate
     (:func:`clemprm.stages.prm_evaluation.measure_prm`)."""
     import transformers
@@ -423,14 +468,24 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, predictions_pa
                                                label_weights(train, prm["label_weighting"]), prm_loss)
             metrics.update(training)
         elif train:
-            if prm["acceptance_examples"]:
-                model, metrics["acceptance_pretraining"] = _pretrain_on_acceptance(
-                    model, tokenizer, cfg, prm, seed, answers_path, str(scratch / "acceptance"), device, tracking)
-            model, training = _train(model, tokenizer, prm, seed, train, validation, str(scratch / "checkpoints"),
+            verdicts, verdicts_heldout = verdict_examples(tokenizer, cfg, prm, seed, answers_path)
+            mixed = train + verdicts   # one optimizer and one schedule over the soft labels and the verdicts
+            random_head = prm_head.score_head(model).detach().clone()
+            if prm["head_init"] == "probe":
+                metrics["head_init"] = prm_head.fit_head(
+                    model, mixed, label_weights(mixed, prm["label_weighting"]), prm, seed, tokenizer.pad_token_id,
+                    lambda logits, labels, groups, weights: prm_loss(logits, labels, groups, prm["loss"],
+                                                                     prm["pairwise_weight"], weights))
+            model, training = _train(model, tokenizer, prm, seed, mixed, validation, str(scratch / "checkpoints"),
                                      device, resolve_dtype(cfg, device), tracking)
             metrics.update(training)
+            metrics["head"] = prm_head.head_movement(random_head, prm_head.score_head(model).detach(),
+                                                     [param for name, param in model.named_parameters()
+                                                      if "lora_B" in name and param.requires_grad])
             scorer = PRMScorer(cfg, max_length=prm["max_length"], token_budget=prm["score_batch_tokens"],
                                tokenizer=tokenizer, model=model)
+            if verdicts:
+                metrics["acceptance"] = verdict_record(scorer, verdicts, verdicts_heldout)
         if train:
             logprobs = policy_logprobs_of(settings["model"], sft_adapter, rows,
                                           orientation_side(sides["train"]) + sides[ranked], cache_dir)

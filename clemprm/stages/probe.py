@@ -83,19 +83,22 @@ def instance_folds(keys: list, folds: int, seed: int) -> list[int]:
     return [fold[key] for key in keys]
 
 
-def fit_linear(data: FitData, l2: float, objective) -> LinearProbe:
+def fit_linear(data: FitData, l2: float, objective, intercept: bool = True) -> LinearProbe:
     """A :class:`LinearProbe` minimising ``objective(logits, labels, groups, weights) + l2 x |weight|^2`` on ``data``
-    (features standardised by their own mean and standard deviation), full batch, L-BFGS from zero."""
+    (features standardised by their own mean and standard deviation), full batch, L-BFGS from zero. Without
+    ``intercept`` the features are scaled, not centred, and the bias stays 0: a head with no bias term (the LoRA
+    PRM's score head) holds the probe exactly."""
     import torch
 
-    mean = data.features.mean(0)
     std = data.features.std(0, unbiased=False)
     std = torch.where(std > MIN_STD, std, torch.ones_like(std))
+    mean = data.features.mean(0) if intercept else torch.zeros_like(std)
     standardised = (data.features - mean) / std
     weight = torch.zeros(standardised.shape[1], requires_grad=True)
-    bias = torch.zeros(1, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=500, tolerance_grad=1e-7, tolerance_change=1e-10,
-                                  history_size=20, line_search_fn="strong_wolfe")
+    bias = torch.zeros(1, requires_grad=intercept)
+    optimizer = torch.optim.LBFGS([weight, bias] if intercept else [weight], lr=1.0, max_iter=500,
+                                  tolerance_grad=1e-7, tolerance_change=1e-10, history_size=20,
+                                  line_search_fn="strong_wolfe")
 
     def closure():
         optimizer.zero_grad()
