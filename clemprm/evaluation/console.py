@@ -85,6 +85,30 @@ def ranking_rows(prm: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
+def ceiling_lines(prm: dict) -> list[str]:
+    """What these labels allow (a perfect scorer's pairwise accuracy against them, the split-half agreement), the
+    PRM's learned share of it, and the PRM on its own train side: underfit and not transferring read apart."""
+    ceiling, train = prm.get("ceiling") or {}, prm.get("train_ranking") or {}
+    modelled, halves = ceiling.get("modelled") or {}, ceiling.get("split_half") or {}
+    lines = []
+    if modelled.get("value") is not None:
+        share = (ceiling.get("learned_share") or {}).get("prm")
+        lines.append(f"  labels' ceiling (a perfect scorer against these labels) {estimate(modelled, 3)}, split-half "
+                     f"agreement {halves.get('value') if halves.get('value') is None else round(halves['value'], 3)} "
+                     f"({halves.get('pairs')} pairs); the PRM's learned share "
+                     f"{'n/a' if share is None else f'{share:.2f}'}")
+    if train.get("pairwise_accuracy"):
+        train_share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
+        lines.append(f"  train side: pairwise accuracy {estimate(train['pairwise_accuracy'], 3)} over "
+                     f"{train.get('pairs_with_different_labels')} pairs (learned share "
+                     f"{'n/a' if train_share is None else f'{train_share:.2f}'}), prediction spread "
+                     f"{train.get('spread_ratio')} of the labels', verdict AUROC "
+                     f"{(train.get('verdicts') or {}).get('auroc')}")
+    if (prm.get("gate") or {}).get("diagnosis"):
+        lines.append(f"  gate diagnosis: {prm['gate']['diagnosis']}")
+    return lines
+
+
 def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
@@ -133,6 +157,7 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
                       f"{gate_line(prm)}"]
         rows = ranking_rows(prm)
         lines += table(rows, ("scorer", "pairwise accuracy", "top-1 regret")) if rows else ["  not measured"]
+        lines += ceiling_lines(prm)
     lines += ["", "report: snakemake --report report.html; transcripts: results/report/transcripts/; "
                   "clembench results trees (clem eval): results/clembench/<mode>/"]
     if summary.get("warnings"):

@@ -323,7 +323,8 @@ def prm_summary(prm_metrics: dict) -> dict | None:
             "gate": prm_metrics.get("gate"),
             "global": {name: {key: block.get(key) for key in GLOBAL_KEYS if key in block}
                        for name, block in blocks.items() if name in RANKING_SCORERS and block},
-            "ranking": {key: value for key, value in ranking.items() if key != "side"}}
+            "ranking": {key: value for key, value in ranking.items() if key != "side"},
+            "ceiling": prm_metrics.get("ceiling"), "train_ranking": prm_metrics.get("train_ranking")}
 
 
 def baselines() -> list[str]:

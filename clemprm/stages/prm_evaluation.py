@@ -23,14 +23,18 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from clemprm import records
 from clemprm.checks.run_time import MARKS_KEY, StageFailure, fail_or_warn
 from clemprm.config import deep_merge
 from clemprm.play.engine import rule_score
+from clemprm.stages import label_ceiling
 from clemprm.stages.prm_data import SIDES, TRAINING_KEY, read_labels, row_fields
 from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, orientation, orientation_side,
                                         prediction_metrics, quality_gate, rank_metrics, ranking_metrics,
                                         verdict_metrics)
+from clemprm.stats import OVERALL
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,43 @@ def evaluate(sides: dict[str, list[Predicted]], ranked: str, rows: list[dict], p
     ranking = {"side": ranked, "orientation": orientations,
                **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
     verdicts = {"side": ranked, **verdict_metrics(predictions[ranked], fork_scores["acceptance"])}
-    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "verdicts": verdicts}
+    pairwise = {name: ((entry.get(OVERALL) or {}).get("pairwise_accuracy") or {}).get("value")
+                for name, entry in ranking["scorers"].items()}
+    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "verdicts": verdicts,
+            "ceiling": {"side": ranked, **label_ceiling.ceiling(examples, rows, pairwise, prm["ci"], seed)},
+            "train_ranking": train_ranking(sides["train"], predictions["train"], rows, prm, seed)}
+
+
+def train_ranking(train: list[Predicted], predictions: list[float], rows: list[dict], prm: dict, seed: int) -> dict:
+    """The PRM on the side it trained on, beside the held-out figures, so that underfitting (it does not rank even
+    its train siblings) and not transferring (it ranks them, not the held-out ones) read apart: within-state pairwise
+    accuracy and regret against a random pick, the spread of its predictions against the labels', its AUROC for the
+    game's verdicts and the train labels' own ceiling."""
+    if not train:
+        return {}
+    ranking = ranking_metrics(train, {"prm": predictions, "constant_mean": [0.0] * len(train)},
+                              prm["bootstrap_samples"], seed, prm["ci"])
+    prm_overall = (ranking["scorers"].get("prm") or {}).get(OVERALL) or {}
+    std_label = float(np.std([e.label for e in train]))
+    return {"pairs_with_different_labels": ranking["pairs_with_different_labels"],
+            "pairwise_accuracy": prm_overall.get("pairwise_accuracy"), "top1_regret": prm_overall.get("top1_regret"),
+            "spread_ratio": round(float(np.std(predictions)) / std_label, 4) if std_label else None,
+            "verdicts": verdict_metrics(predictions, [FORK_READERS["acceptance"](rows[e.row]) for e in train]),
+            "ceiling": label_ceiling.ceiling(train, rows, {"prm": (prm_overall.get("pairwise_accuracy") or {})
+                                                           .get("value")}, prm["ci"], seed)}
+
+
+def gate_diagnosis(gate: dict, train: dict) -> str | None:
+    """Why a gate failed, read from the train side: ``underfit`` (the PRM ranks its own train siblings at less than
+    half of what their labels allow, or no better than chance), else ``does not transfer`` (it ranks them; it does not
+    rank the held-out ones). None when the gate did not fail or the train side was not measured."""
+    share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
+    low = (train.get("pairwise_accuracy") or {}).get("ci_low")
+    if gate["status"] != "failed" or share is None:
+        return None
+    if share < 0.5 or (low is not None and low <= 0.5):
+        return f"underfit: on its train side the PRM shows {share:.2f} of what the labels allow (train longer or harder)"
+    return f"does not transfer: it ranks its train siblings ({share:.2f} of the ceiling), not the held-out ones"
 
 
 def untrained_marks(metrics: dict, on_failure: str) -> list:
@@ -172,6 +212,9 @@ def measure_prm(settings: dict, labels_path: str, predictions_path: str, metrics
         metrics.update(evaluate(sides, ranked, rows, prm, seed))
         metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"], prm["input"],
                                        metrics.get("nonfinite_predictions"), probabilities)
+        diagnosis = gate_diagnosis(metrics["gate"], metrics.get("train_ranking") or {})
+        if diagnosis:
+            metrics["gate"]["diagnosis"] = diagnosis
     else:   # an untrained adapter: nothing to measure, the gate cannot judge
         metrics.update(evaluation=dict.fromkeys(SIDES), baselines=None, ranking=None,
                        gate=quality_gate(None, None, prm["gate"], prm["input"]))

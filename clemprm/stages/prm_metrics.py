@@ -349,4 +349,5 @@ def gate_lines(gate: dict) -> str:
     lines += [f"{'PASS' if check['passed'] else 'FAIL'} {check['check']}: {check['message']}"
               for check in gate["checks"]]
     lines += [f"REPORTED {check['check']}: {check['message']}" for check in gate["reported"]]
+    lines += [f"DIAGNOSIS {gate['diagnosis']}"] if gate.get("diagnosis") else []
     return "\n".join(lines + [f"NOT JUDGED {what}" for what in gate["not_judged"]])
