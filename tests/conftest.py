@@ -25,7 +25,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
-import yaml  # noqa: E402
 
 from clemprm.config import load_config  # noqa: E402
 
@@ -134,15 +133,28 @@ def train_tiny_sft(folder: Path, rows: list[dict], cache_dir: str) -> str:
 
 # The shape the tests were written for, pinned apart from config.yaml's (a small learning benchmark: siblings,
 # held-out validation states, k_first, no RL algorithm, no merges): each test asks for what it checks
-# the tiny config a person can run by hand too (snakemake --configfile configs/tiny.yaml): the tiny model, small counts
-TESTS_SHAPE = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml").read_text())
+TESTS_SHAPE = {
+    "branch_points": {"siblings": 1, "max_per_episode": 4, "validation_instances": 0},
+    "sft": {"epochs": 3},
+    "labels": {"k_first": None},
+    "prm": {"pairwise_weight": 0.0, "max_examples": 48, "validation_fraction": 0.2, "epochs": 3},
+    "merge": {"contrasts": True, "adapters": ["sft", "prm", "rl_grpo", "rl_prime"]},
+    "rl": {"algorithms": ["grpo", "prime"]},
+    "eval": {"modes": ["greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "greedy_rl_grpo",
+                       "greedy_rl_prime"]},
+}
 
 
 def tiny_config(**overrides) -> dict:
     """The default config with the tiny model and small counts (what the workflow tests run)."""
+    base = {
+        "model": {"spec": "tiny:0", "threads": 1},
+        "games": {"max_instances": {"train": 2, "validation": 2, "test": 2}},
+        "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 12},
+        **TESTS_SHAPE,
+    }
     from clemprm.config import deep_merge
-    return load_config(overrides=deep_merge({key: value for key, value in TESTS_SHAPE.items() if key != "on_failure"},
-                                            overrides))
+    return load_config(overrides=deep_merge(base, overrides))
 
 
 def _scripted_policy_class():
