@@ -162,7 +162,7 @@ def _trainer_class():
             different step sizes."""
             optimizer = super().create_optimizer(model)
             if self.head_lr is not None:
-                split_head_group(optimizer, head_parameters(model or self.model), self.head_lr)
+                split_head_group(optimizer, prm_head.head_parameters(model or self.model), self.head_lr)
             return optimizer
 
         def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -190,11 +190,6 @@ def _trainer_class():
             return (loss, outputs) if return_outputs else loss
 
     return PRMTrainer
-
-
-def head_parameters(model) -> list:
-    """The trainable parameters of the fully trained modules (PEFT's ``modules_to_save``: the score head)."""
-    return [param for name, param in model.named_parameters() if param.requires_grad and "modules_to_save" in name]
 
 
 def split_head_group(optimizer, head: list, head_lr: float) -> None:

@@ -27,10 +27,16 @@ log = logging.getLogger(__name__)
 HEAD_INITS = ("random", "probe")   # prm.head_init
 
 
+def head_parameters(model, suffix: str = "") -> list:
+    """The trainable parameters of the modules PEFT trains in full (``modules_to_save``: the score head) whose names
+    end with ``suffix``."""
+    return [param for name, param in model.named_parameters()
+            if param.requires_grad and "modules_to_save" in name and name.endswith(suffix)]
+
+
 def score_head(model):
     """The one trainable weight of the score head PEFT trains in full (``modules_to_save``), ``[1, hidden]``."""
-    weights = [param for name, param in model.named_parameters()
-               if param.requires_grad and "modules_to_save" in name and name.endswith("weight")]
+    weights = head_parameters(model, "weight")
     if len(weights) != 1:
         raise ValueError(f"the PRM model has {len(weights)} fully trained weight(s), expected the score head alone")
     return weights[0]
