@@ -84,5 +84,75 @@ def test_metrics_carry_the_ceiling_and_the_train_side_and_the_summary_prints_the
     assert metrics["ceiling"]["learned_share"]["constant_mean"] in (0.0, None)   # a constant scorer shows nothing
     train = metrics["train_ranking"]
     assert {"pairwise_accuracy", "top1_regret", "spread_ratio", "verdicts", "ceiling"} <= set(train)
+    assert set(train["baselines"]) == {"constant_mean", "candidate_length"}
+    assert set(train["ceiling"]["learned_share"]) == {"prm", "constant_mean", "candidate_length"}
+    assert train["verdicts"]["n"] == metrics["examples"]["train"] and train["pairwise_accuracy"]["value"] is not None
     text = "\n".join(console.ceiling_lines(evaluate.prm_summary(metrics)))
-    assert ("train side: pairwise accuracy" in text) == bool(train["pairwise_accuracy"])
+    assert f"PRM pairwise accuracy {console.estimate(train['pairwise_accuracy'], 3)}" in text
+
+
+def figure(value: float, half: float = 0.05) -> dict:
+    return {"value": value, "ci_low": value - half, "ci_high": value + half}
+
+
+def failed_gate(check: str = "pairwise_accuracy") -> dict:
+    return {"status": "failed", "checks": [{"check": check, "passed": False, "message": "below length"}],
+            "reported": [], "not_judged": []}
+
+
+def train_side(accuracy: float, share: float | None, half: float = 0.05) -> dict:
+    return {"pairwise_accuracy": figure(accuracy, half), "ceiling": {"learned_share": {"prm": share}}}
+
+
+def test_a_failed_ranking_check_is_diagnosed_underfit_or_not_transferring_from_the_train_side():
+    from clemprm.stages.prm_evaluation import gate_diagnosis
+    from clemprm.stages.prm_metrics import gate_lines
+
+    assert gate_diagnosis(failed_gate(), train_side(0.56, 0.2)).startswith("underfit")
+    assert gate_diagnosis(failed_gate(), train_side(0.70, 0.67, half=0.25)).startswith("underfit")   # reaches 0.5
+    transfer = gate_diagnosis(failed_gate("top1_regret"), train_side(0.72, 0.73))
+    assert transfer.startswith("does not transfer")
+    assert gate_diagnosis(failed_gate("spread"), train_side(0.56, 0.2)) is None   # no ranking check failed
+    assert gate_diagnosis(failed_gate(), {}) is None   # the train side not measured
+    assert f"DIAGNOSIS {transfer}" in gate_lines({**failed_gate(), "diagnosis": transfer}).splitlines()
+
+
+def prm_with_ceiling() -> dict:
+    """The parts of a summary's PRM the table, the report and the seeds table read of the ceiling."""
+    ranking = {"ci": 0.95, "prefixes": 60, "pairs_with_different_labels": 97,
+               "best_label": {"g": figure(0.3), "overall": figure(0.3)},
+               "scorers": {name: {group: {"pairwise_accuracy": figure(accuracy), "top1_regret": figure(0.1),
+                                          "pick_label": figure(0.2), "prefixes": 60}
+                                  for group in ("g", "overall")}
+                           for name, accuracy in (("prm", 0.65), ("constant_mean", 0.5))}}
+    return {"input": "candidate", "ranking": ranking, "gate": {**failed_gate(), "diagnosis": "underfit: x"},
+            "ceiling": {"side": "heldout", "split_half": {"value": 0.81, "pairs": 90},
+                        "modelled": {**figure(0.8), "simulations": 200},
+                        "learned_share": {"prm": 0.5, "constant_mean": 0.0}},
+            "train_ranking": {"pairs_with_different_labels": 98, "pairwise_accuracy": figure(0.72),
+                              "top1_regret": figure(0.08), "spread_ratio": 0.12, "verdicts": {"auroc": 0.57},
+                              "baselines": {"constant_mean": {"pairwise_accuracy": figure(0.5)}},
+                              "ceiling": {"modelled": figure(0.78), "learned_share": {"prm": 0.79}}}}
+
+
+def test_the_summary_table_report_and_seeds_table_show_the_ceiling_and_each_learned_share(tmp_path):
+    from clemprm.evaluation import console, report, seeds
+
+    prm = prm_with_ceiling()
+    rows = {row[0]: row for row in console.ranking_rows(prm)}
+    assert rows["prm"][2] == "0.50" and rows["random pick"][2] == "0.00"
+    text = console.summary_table({"split": "test", "bootstrap": {"ci": 0.95}, "prm": prm})
+    assert "learned share" in text and "0.800 [0.750, 0.850]" in text and "split-half agreement 0.810" in text
+    assert "PRM pairwise accuracy 0.720 [0.670, 0.770] (learned share 0.79)" in text
+    assert "gate diagnosis: underfit: x" in text
+
+    report.plot_sibling_picks({"prm": prm}, tmp_path / "picks.png")
+    drawn = report.figure_data(tmp_path / "picks.png")["ceiling"]
+    assert drawn["modelled"]["value"] == 0.8 and drawn["prm_learned_share"] == 0.5
+    assert drawn["train_pairwise_accuracy"] == 0.72 and drawn["train_learned_share"] == 0.79
+
+    row = seeds.seed_row({"prm": prm})
+    assert row["blind/ceiling/modelled"] == 0.8 and row["blind/ceiling/modelled/ci"] == "95% [+0.750, +0.850]"
+    assert row["blind/ceiling/split_half"] == 0.81 and row["blind/ranking/prm/learned_share"] == 0.5
+    assert row["blind/train/prm/pairwise_accuracy"] == 0.72 and row["blind/train/prm/learned_share"] == 0.79
+    assert "| blind/ranking/prm/learned_share | 0.500 |" in seeds.markdown(seeds.seeds_table({7: row}))

@@ -3,8 +3,9 @@
 One screen, read from ``results/prm_eval.json``: per regime (blind first: the figures comparable with clembench;
 then lookahead, whose candidates were played in forks) each mode's % played, quality and clemscore with their
 intervals, then each search's difference to the controls of its regime; the PRM's within-state figures against its
-baselines on held-out states and its quality gate's verdict (with the check that failed); where the report,
-transcripts and clembench results trees are.
+baselines on held-out states, each pairwise accuracy's learned share of the labels' ceiling, the ceiling itself, the
+same figures on the PRM's train side, and its quality gate's verdict (with the check that failed, and the gate's
+diagnosis); where the report, transcripts and clembench results trees are.
 
 Around the table: a file that is not a prm_eval.json is refused, naming what it is not (:func:`read_summary`); a
 summary the run that prints it did not make, or one older than files it is made from, is named stale with its own
@@ -73,37 +74,48 @@ def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
     return rows
 
 
-def ranking_rows(prm: dict) -> list[tuple[str, str, str]]:
-    """The PRM and its baselines within states on held-out siblings: pairwise accuracy and top-1 regret."""
+def share(value: float | None) -> str:
+    """A learned share (:func:`clemprm.stages.label_ceiling.learned_share`) as ``0.42``, ``n/a`` where there is
+    none."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def ranking_rows(prm: dict) -> list[tuple[str, str, str, str]]:
+    """The PRM and its baselines within states on held-out siblings: pairwise accuracy, its learned share of the
+    labels' ceiling, and top-1 regret."""
     scorers = (prm.get("ranking") or {}).get("scorers") or {}
+    shares = (prm.get("ceiling") or {}).get("learned_share") or {}
     rows = []
     for name in RANKING_ROWS:
         overall = (scorers.get(name) or {}).get(OVERALL)
         if overall:
             rows.append((ROW_NAMES.get(name, name), estimate(overall.get("pairwise_accuracy"), 3),
-                         estimate(overall.get("top1_regret"), 3)))
+                         share(shares.get(name)), estimate(overall.get("top1_regret"), 3)))
     return rows
 
 
 def ceiling_lines(prm: dict) -> list[str]:
-    """What these labels allow (a perfect scorer's pairwise accuracy against them, the split-half agreement), the
-    PRM's learned share of it, and the PRM on its own train side: underfit and not transferring read apart."""
+    """What these labels allow (a perfect scorer's pairwise accuracy against them, the split-half agreement), and
+    the PRM on its own train side beside a random pick and the candidate's length: underfit and not transferring
+    read apart; the gate's diagnosis."""
     ceiling, train = prm.get("ceiling") or {}, prm.get("train_ranking") or {}
     modelled, halves = ceiling.get("modelled") or {}, ceiling.get("split_half") or {}
     lines = []
     if modelled.get("value") is not None:
-        share = (ceiling.get("learned_share") or {}).get("prm")
-        lines.append(f"  labels' ceiling (a perfect scorer against these labels) {estimate(modelled, 3)}, split-half "
-                     f"agreement {halves.get('value') if halves.get('value') is None else round(halves['value'], 3)} "
-                     f"({halves.get('pairs')} pairs); the PRM's learned share "
-                     f"{'n/a' if share is None else f'{share:.2f}'}")
+        agreement = "n/a" if halves.get("value") is None else f"{halves['value']:.3f}"
+        lines.append(f"  labels' ceiling (a perfect scorer's pairwise accuracy against labels like these) "
+                     f"{estimate(modelled, 3)}; split-half agreement {agreement} ({halves.get('pairs')} pairs); "
+                     f"learned share = (accuracy - 0.5) / (ceiling - 0.5)")
     if train.get("pairwise_accuracy"):
-        train_share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
-        lines.append(f"  train side: pairwise accuracy {estimate(train['pairwise_accuracy'], 3)} over "
-                     f"{train.get('pairs_with_different_labels')} pairs (learned share "
-                     f"{'n/a' if train_share is None else f'{train_share:.2f}'}), prediction spread "
-                     f"{train.get('spread_ratio')} of the labels', verdict AUROC "
-                     f"{(train.get('verdicts') or {}).get('auroc')}")
+        train_ceiling = train.get("ceiling") or {}
+        shares = train_ceiling.get("learned_share") or {}
+        baselines = "; ".join(f"{ROW_NAMES.get(name, name)} {estimate(entry.get('pairwise_accuracy'), 3)}"
+                              for name, entry in (train.get("baselines") or {}).items())
+        lines.append(f"  train side ({train.get('pairs_with_different_labels')} pairs, ceiling "
+                     f"{estimate(train_ceiling.get('modelled'), 3)}): PRM pairwise accuracy "
+                     f"{estimate(train['pairwise_accuracy'], 3)} (learned share {share(shares.get('prm'))}), top-1 "
+                     f"regret {estimate(train.get('top1_regret'), 3)}, prediction spread {train.get('spread_ratio')} "
+                     f"of the labels', verdict AUROC {(train.get('verdicts') or {}).get('auroc')}; {baselines}")
     if (prm.get("gate") or {}).get("diagnosis"):
         lines.append(f"  gate diagnosis: {prm['gate']['diagnosis']}")
     return lines
@@ -156,7 +168,8 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
                       f"{ranking.get('pairs_with_different_labels', 0)} pairs with different labels{intervals}; "
                       f"{gate_line(prm)}"]
         rows = ranking_rows(prm)
-        lines += table(rows, ("scorer", "pairwise accuracy", "top-1 regret")) if rows else ["  not measured"]
+        lines += (table(rows, ("scorer", "pairwise accuracy", "learned share", "top-1 regret")) if rows
+                  else ["  not measured"])
         lines += ceiling_lines(prm)
     lines += ["", "report: snakemake --report report.html; transcripts: results/report/transcripts/; "
                   "clembench results trees (clem eval): results/clembench/<mode>/"]

@@ -7,7 +7,8 @@
   (``results/prm/metrics.json``);
 * training curves: train and eval loss per epoch of the SFT and PRM adapters (their metrics' ``history``);
 * sibling picks: per game, the mean label of the sibling the PRM picks against a random pick, the best sibling and
-  the candidate-aware baselines' picks, on the PRM's held-out states (``prm`` of ``results/prm_eval.json``).
+  the candidate-aware baselines' picks, on the PRM's held-out states (``prm`` of ``results/prm_eval.json``); its
+  title the labels' ceiling and the PRM's pairwise accuracy and learned share of it, held-out and on its train side.
 
 Before them, ``warnings.html`` (:func:`write_warnings_page`, included at the top of the report's front page): every
 fail-fast condition a stage went on despite (``on_failure: continue``; ``upstream_warnings`` of the summary), the
@@ -308,7 +309,38 @@ def plot_sibling_picks(summary: dict, path: str | Path) -> None:
     axes[0][0].set_ylabel("mean soft label of the pick")
     if groups:
         axes[0][-1].legend(fontsize="small", loc="upper right")
+    if ceiling := ceiling_data(summary.get("prm") or {}):
+        fig.suptitle(ceiling_title(ceiling), fontsize="small")
+        drawn["ceiling"] = ceiling
     _save(plt, fig, path, drawn)
+
+
+def ceiling_data(prm: dict) -> dict | None:
+    """What the sibling-picks figure says of the labels' ceiling (``ceiling`` of the summary's PRM): the modelled
+    ceiling with its interval, the split-half agreement, the PRM's held-out pairwise accuracy and learned share, and
+    its train side's; None for a PRM measured without it."""
+    ceiling = prm.get("ceiling") or {}
+    if (ceiling.get("modelled") or {}).get("value") is None:
+        return None
+    train = prm.get("train_ranking") or {}
+    prm_overall = (((prm.get("ranking") or {}).get("scorers") or {}).get("prm") or {}).get("overall") or {}
+    return {"modelled": ceiling["modelled"], "split_half": (ceiling.get("split_half") or {}).get("value"),
+            "prm_pairwise_accuracy": (prm_overall.get("pairwise_accuracy") or {}).get("value"),
+            "prm_learned_share": (ceiling.get("learned_share") or {}).get("prm"),
+            "train_pairwise_accuracy": (train.get("pairwise_accuracy") or {}).get("value"),
+            "train_learned_share": (((train.get("ceiling") or {}).get("learned_share")) or {}).get("prm")}
+
+
+def ceiling_title(ceiling: dict) -> str:
+    """The figure's title line of :func:`ceiling_data`."""
+    def show(value, digits=3):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    modelled = ceiling["modelled"]
+    return (f"labels' ceiling {show(modelled['value'])} [{show(modelled['ci_low'])}, {show(modelled['ci_high'])}] "
+            f"(split-half {show(ceiling['split_half'])}); PRM pairwise accuracy held-out "
+            f"{show(ceiling['prm_pairwise_accuracy'])} (learned share {show(ceiling['prm_learned_share'], 2)}), "
+            f"train {show(ceiling['train_pairwise_accuracy'])} ({show(ceiling['train_learned_share'], 2)})")
 
 
 def report_figures(summary_path: str, soft_labels_path: str, prm_metrics_path: str, sft_metrics_path: str,

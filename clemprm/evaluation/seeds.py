@@ -126,7 +126,8 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
     ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/ranking/prm-<scorer>/<metric>`` and
     ``<regime>/difference/<search>-<control>/<metric>`` (each figure with its interval as text under the same key +
     ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``; a difference's is paired),
-    ``<regime>/gate`` and ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it). A run holds
+    the labels' ceiling and learned shares (:func:`ceiling_figures`), ``<regime>/gate`` and
+    ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it). A run holds
     one PRM, so one regime's ranking; its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
     kind = prm_kind(prm_metrics)
@@ -146,6 +147,7 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
                 row[f"{regime}/ranking/prm-{scorer}/{metric}"] = _value(difference)
                 if interval := _interval(difference, ranking.get("ci")):   # prm.ci
                     row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
+        row.update(ceiling_figures(prm, regime))
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
         if (auroc := verdict_auroc(prm_metrics)) is not None:
             row[f"{regime}/verdict_auroc"] = auroc
@@ -163,6 +165,30 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
                     if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
                         row[f"{key}/ci"] = interval
     return row
+
+
+def ceiling_figures(prm: dict, regime: str) -> dict[str, float | str]:
+    """The labels' ceiling beside a seed's ranking figures (``ceiling`` and ``train_ranking`` of the summary's PRM,
+    :mod:`clemprm.stages.label_ceiling`): ``<regime>/ceiling/modelled`` (with its interval), ``.../split_half``,
+    ``<regime>/ranking/<scorer>/learned_share``, and the PRM's train side ``<regime>/train/prm/pairwise_accuracy``
+    (with its interval) and ``.../learned_share``; none for a PRM measured without them."""
+    ceiling, train = prm.get("ceiling") or {}, prm.get("train_ranking") or {}
+    level = (prm.get("ranking") or {}).get("ci")
+    figures: dict[str, float | str] = {}
+    if ceiling.get("modelled"):
+        figures[f"{regime}/ceiling/modelled"] = _value(ceiling["modelled"])
+        if interval := _interval(ceiling["modelled"], level):
+            figures[f"{regime}/ceiling/modelled/ci"] = interval
+        figures[f"{regime}/ceiling/split_half"] = _value(ceiling.get("split_half"))
+    for scorer, value in (ceiling.get("learned_share") or {}).items():
+        figures[f"{regime}/ranking/{scorer}/learned_share"] = math.nan if value is None else float(value)
+    if train.get("pairwise_accuracy"):
+        figures[f"{regime}/train/prm/pairwise_accuracy"] = _value(train["pairwise_accuracy"])
+        if interval := _interval(train["pairwise_accuracy"], level):
+            figures[f"{regime}/train/prm/pairwise_accuracy/ci"] = interval
+        share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
+        figures[f"{regime}/train/prm/learned_share"] = math.nan if share is None else float(share)
+    return figures
 
 
 def kind_differences(row: dict) -> dict[str, float | str]:

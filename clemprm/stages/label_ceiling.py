@@ -5,14 +5,21 @@ against labels that noisy, even the true values agree with the labels' order onl
 
 * **split-half agreement**: each sibling's continuations split into halves (the first ``k // 2`` and the rest); over
   the sibling pairs of one state whose halves both differ, the share the two halves order alike. Each half has half
-  the continuations, so it is a lower bound of the agreement of full labels with the truth.
+  the continuations, so it is a lower bound of the agreement of full labels with the truth. Unweighted: each pair of
+  distinct answers counts once, whatever its multiplicity.
 * **modelled ceiling**: per game, an empirical-Bayes beta-binomial: a Beta prior fitted by the method of moments
   to the labels of the game's non-terminal siblings (a label's variance is the values' variance plus the binomial
   noise of k draws), each sibling's posterior given its own continuation scores (``score / 100`` counted as a
   fractional success), then, in each simulation, true values drawn from the posteriors, k fresh continuations drawn
   from them, and the pairwise accuracy of the true values against those labels (pairs with different drawn labels,
-  weighted as :func:`clemprm.stages.prm_metrics.sibling_statistics` weighs them). A terminal sibling (the candidate
-  ended the game) has an exact label. The value is the simulations' mean, the interval their percentiles.
+  weighted and tie-broken as :func:`clemprm.stages.prm_metrics.sibling_statistics`). The drawn continuations are
+  wins or losses (a label in steps of 1/k): for a game with partial scores they tie more often than its labels do,
+  which leaves out close pairs and makes the ceiling slightly optimistic. A terminal sibling (the records'
+  ``terminal``: the candidate ended the game, its one score is its own) keeps its exact label, and so does a
+  sibling of a game with fewer than two non-terminal siblings (no prior to fit). The value is the simulations' mean,
+  the interval their percentiles.
+
+k is the continuations scored (``len(rollout_scores)``; the records' ``k`` also counts those the game failed on).
 
 A scorer's **learned share** is (accuracy - 0.5) / (ceiling - 0.5): 0 for chance, 1 for the ceiling.
 """
@@ -43,7 +50,7 @@ def split_half_agreement(examples: list, rows: list[dict]) -> dict:
         halves = []
         for i in group:
             row = rows[examples[i].row]
-            halves.append((row["label"], row["label"]) if row["terminal"] else _halves(row["rollout_scores"] or []))
+            halves.append((row["label"], row["label"]) if exact(row) else _halves(row["rollout_scores"]))
         for a in range(len(group)):
             for b in range(a + 1, len(group)):
                 if halves[a] is None or halves[b] is None:
@@ -65,6 +72,11 @@ def beta_prior(labels: list[float], k: int) -> tuple[float, float]:
     return mean * strength, (1 - mean) * strength
 
 
+def exact(row: dict) -> bool:
+    """Whether a soft-label row's label is its candidate's own final score (terminal), not an estimate."""
+    return bool(row["terminal"]) or not row["rollout_scores"]
+
+
 def modelled_ceiling(examples: list, rows: list[dict], ci: float, seed: int, simulations: int = SIMULATIONS) -> dict:
     """The pairwise accuracy a scorer of the true values reaches against labels drawn like these (module docstring),
     with its percentile interval at level ``ci``; None without states of two or more siblings."""
@@ -73,8 +85,8 @@ def modelled_ceiling(examples: list, rows: list[dict], ci: float, seed: int, sim
     for group in groups:
         for i in group:
             row = rows[examples[i].row]
-            if not row["terminal"] and row["k"]:
-                by_game[examples[i].key[0]].append((row["label"], row["k"]))
+            if not exact(row):
+                by_game[examples[i].key[0]].append((row["label"], len(row["rollout_scores"])))
     priors = {game: beta_prior([label for label, _ in values], int(np.median([k for _, k in values])))
               for game, values in by_game.items() if len(values) > 1}
     rng = np.random.default_rng(seed)
@@ -85,13 +97,13 @@ def modelled_ceiling(examples: list, rows: list[dict], ci: float, seed: int, sim
             truth, drawn, weights = [], [], []
             for i in group:
                 row, game = rows[examples[i].row], examples[i].key[0]
-                if row["terminal"] or not row["k"] or game not in priors:
+                if exact(row) or game not in priors:
                     value = label = row["label"]
                 else:
                     alpha, beta = priors[game]
-                    successes = sum(row["rollout_scores"] or []) / 100
-                    value = rng.beta(alpha + successes, beta + row["k"] - successes)
-                    label = rng.binomial(row["k"], value) / row["k"]
+                    k, successes = len(row["rollout_scores"]), sum(row["rollout_scores"]) / 100
+                    value = rng.beta(alpha + successes, beta + k - successes)
+                    label = rng.binomial(k, value) / k
                 truth.append(value)
                 drawn.append(label)
                 weights.append(examples[i].multiplicity)

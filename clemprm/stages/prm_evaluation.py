@@ -95,8 +95,10 @@ def evaluate(sides: dict[str, list[Predicted]], ranked: str, rows: list[dict], p
     :func:`orientation`), the fork's readings (:data:`FORK_READERS`: whether the game accepted the candidate, and the
     lookahead rule), the PRM's AUROC for the game's verdicts on that side (:func:`verdict_metrics`) and every
     scorer's within-prefix ranking (:func:`ranking_metrics`, with each baseline's paired difference to the PRM;
-    ``constant_mean`` ties all siblings: the expected pick of a random choice). Predictions that are not finite (a
-    diverged PRM) stop the evaluation there: ``nonfinite_predictions`` counts them per side, for the gate."""
+    ``constant_mean`` ties all siblings: the expected pick of a random choice); the labels' own ceiling there with
+    every scorer's learned share of it (:func:`clemprm.stages.label_ceiling.ceiling`), and the PRM on its train side
+    (:func:`train_ranking`). Predictions that are not finite (a diverged PRM) stop the evaluation there:
+    ``nonfinite_predictions`` counts them per side, for the gate."""
     predictions = {side: [e.prediction for e in examples] for side, examples in sides.items()}
     nonfinite = {side: sum(not math.isfinite(p) for p in values) for side, values in predictions.items()}
     if any(nonfinite.values()):
@@ -131,35 +133,47 @@ def evaluate(sides: dict[str, list[Predicted]], ranked: str, rows: list[dict], p
             "train_ranking": train_ranking(sides["train"], predictions["train"], rows, prm, seed)}
 
 
+RANKING_CHECKS = ("pairwise_accuracy", "top1_regret")   # the gate's ranking checks: the train side's figures
+
+
 def train_ranking(train: list[Predicted], predictions: list[float], rows: list[dict], prm: dict, seed: int) -> dict:
     """The PRM on the side it trained on, beside the held-out figures, so that underfitting (it does not rank even
-    its train siblings) and not transferring (it ranks them, not the held-out ones) read apart: within-state pairwise
-    accuracy and regret against a random pick, the spread of its predictions against the labels', its AUROC for the
-    game's verdicts and the train labels' own ceiling."""
+    its train siblings) and not transferring (it ranks them, not the held-out ones) read apart: its within-state
+    pairwise accuracy and top-1 regret (and in ``baselines`` those of a random pick and of the candidate's length,
+    read the way round these siblings support), the spread of its predictions against the labels', its AUROC for the
+    game's verdicts and the train labels' own ceiling with each scorer's learned share."""
     if not train:
         return {}
-    ranking = ranking_metrics(train, {"prm": predictions, "constant_mean": [0.0] * len(train)},
-                              prm["bootstrap_samples"], seed, prm["ci"])
-    prm_overall = (ranking["scorers"].get("prm") or {}).get(OVERALL) or {}
+    lengths = [float(len(rows[e.row]["candidate"])) for e in train]
+    direction = orientation(train, lengths)
+    scorers = {"prm": predictions, "constant_mean": [0.0] * len(train),
+               "candidate_length": [direction * length for length in lengths]}
+    ranking = ranking_metrics(train, scorers, prm["bootstrap_samples"], seed, prm["ci"])
+    overall = {name: {metric: entry[OVERALL][metric] for metric in RANKING_CHECKS}
+               for name, entry in ranking["scorers"].items()}
     std_label = float(np.std([e.label for e in train]))
+    pairwise = {name: entry["pairwise_accuracy"]["value"] for name, entry in overall.items()}
     return {"pairs_with_different_labels": ranking["pairs_with_different_labels"],
-            "pairwise_accuracy": prm_overall.get("pairwise_accuracy"), "top1_regret": prm_overall.get("top1_regret"),
+            **overall.pop("prm", dict.fromkeys(RANKING_CHECKS)), "baselines": overall,
+            "orientation": {"candidate_length": direction},
             "spread_ratio": round(float(np.std(predictions)) / std_label, 4) if std_label else None,
             "verdicts": verdict_metrics(predictions, [FORK_READERS["acceptance"](rows[e.row]) for e in train]),
-            "ceiling": label_ceiling.ceiling(train, rows, {"prm": (prm_overall.get("pairwise_accuracy") or {})
-                                                           .get("value")}, prm["ci"], seed)}
+            "ceiling": label_ceiling.ceiling(train, rows, pairwise, prm["ci"], seed)}
 
 
 def gate_diagnosis(gate: dict, train: dict) -> str | None:
-    """Why a gate failed, read from the train side: ``underfit`` (the PRM ranks its own train siblings at less than
-    half of what their labels allow, or no better than chance), else ``does not transfer`` (it ranks them; it does not
-    rank the held-out ones). None when the gate did not fail or the train side was not measured."""
+    """Why a gate's ranking check failed, read from the train side: ``underfit`` (the PRM ranks its own train
+    siblings at less than half of what their labels allow, or its interval there reaches 0.5), else ``does not
+    transfer`` (it ranks them; it does not rank the held-out ones). None when no ranking check failed or the train
+    side was not measured."""
     share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
     low = (train.get("pairwise_accuracy") or {}).get("ci_low")
-    if gate["status"] != "failed" or share is None:
+    failed = any(check["check"] in RANKING_CHECKS and not check["passed"] for check in gate["checks"])
+    if not failed or share is None:
         return None
     if share < 0.5 or (low is not None and low <= 0.5):
-        return f"underfit: on its train side the PRM shows {share:.2f} of what the labels allow (train longer or harder)"
+        return (f"underfit: on its train side the PRM shows {share:.2f} of what the labels allow (train longer or "
+                f"harder)")
     return f"does not transfer: it ranks its train siblings ({share:.2f} of the ceiling), not the held-out ones"
 
 
