@@ -196,6 +196,8 @@ def test_the_head_fitted_on_frozen_features_and_its_own_lr_leave_the_random_star
         assert metrics["head"]["initial_std"] == pytest.approx(0.02, rel=0.3)
     assert moved["random"] < 0.5 < 1.0 < moved["probe"]
     assert metrics["head_init"]["examples"] == 32 and metrics["head_init"]["l2"] in settings["prm"]["probe"]["l2"]
+    assert metrics["head_init"]["criterion"] in ("pairwise_accuracy", "loss", None)
+    assert "marks" not in metrics["head_init"]   # its warning went to the metrics' marks
 
 
 def played_episodes(tmp_path, scripted_policy) -> str:

@@ -75,10 +75,15 @@ def test_a_probe_folder_names_its_policy_and_its_choices(fitted):
     config = json.loads((folder / CONFIG_NAME).read_text())
     assert config["kind"] == "probe" and config["layers"] == [-1, -2] and config["window"] == 8
     assert config["policy"] == {"spec": "tiny:0", "sft_adapter": None, "sft_adapter_sha256": None}
-    # no answers records: product is no candidate; each l2 cross-validated over train instances
+    # no answers records: product is no candidate; each l2 cross-validated over train instances, chosen on ranking
     assert [row["l2"] for row in config["cv"]] == [0.01, 1.0] and config["combination"] == "value"
-    assert config["l2"] == min(config["cv"], key=lambda row: row["cv_loss"])["l2"]
-    assert json.loads((fitted["dir"] / "metrics.json").read_text())["probe"]["cv"] == config["cv"]
+    assert config["criterion"] == "pairwise_accuracy" and all(row["cv_pairs"] > 0 for row in config["cv"])
+    best = max(row["cv_pairwise_accuracy"] for row in config["cv"])
+    assert config["l2"] in [row["l2"] for row in config["cv"] if row["cv_pairwise_accuracy"] == best]
+    assert all(row["cv_top1_regret"] is not None and row["cv_loss"] > 0 for row in config["cv"])
+    metrics = json.loads((fitted["dir"] / "metrics.json").read_text())
+    assert metrics["probe"]["cv"] == config["cv"]
+    assert not [mark for mark in metrics["failure_marks"] if mark["condition"] == probe.EDGE_CONDITION]  # 2 values
     card = (folder / "README.md").read_text()
     assert "probe" in card and "PeftModel" not in card
 
@@ -137,6 +142,101 @@ def test_instance_folds_keep_an_instance_in_one_fold():
     assert set(probe.instance_folds(keys[:1], 3, seed=1)) == {0}
 
 
+class TableFeatures:
+    """A stand-in for the policy's features (:class:`probe.ProbeFeatures`): example ``i``'s input ids are ``[i]``
+    and its features row ``i`` of a table, so that a test sets what the probe reads."""
+
+    layers, window, cfg, tokenizer, model, token_budget = [-1], 1, None, object(), object(), 1
+
+    def __init__(self, table):
+        self.table = table
+
+    def of(self, sequences, keys=None):
+        return self.table[[ids[0] for ids in sequences]]
+
+
+def ranked_examples(siblings: int = 3, states: int = 32, noise: int = 40, seed: int = 0):
+    """Examples that the held-fold loss and the held-fold ranking judge apart, and their features. A state's label
+    is a random base of its own plus 0.05 u: the ``noise`` features, constant within a state, can only memorise the
+    bases (a weak ridge does, and the held-fold loss punishes that), and u shows only as the difference of two
+    features x1 = s + 0.3 u and x2 = s, with s a sibling's nuisance: a strong ridge weighs features by their
+    correlation with the label, x1 alone, and so orders siblings by s."""
+    import torch
+
+    from clemprm.stages.prm_data import Example
+
+    generator = torch.Generator().manual_seed(seed)
+    state = torch.arange(states).repeat_interleave(siblings)
+    s, u = torch.randn(len(state), generator=generator), torch.randn(len(state), generator=generator)
+    bases = torch.rand(states, generator=generator) * 0.6 + 0.2
+    table = torch.cat([(s + 0.3 * u)[:, None], s[:, None], torch.randn(states, noise, generator=generator)[state]], 1)
+    labels = (bases[state] + 0.05 * u).clamp(0, 1).tolist()
+    examples = [Example([i], False, labels[i], ("g", "e", int(k)), f"state/{int(k)}", row=i)
+                for i, k in enumerate(state)]
+    return examples, TableFeatures(table)
+
+
+def fit_ranked(l2s: list[float], siblings: int = 3) -> dict:
+    """:func:`probe.fit_probe` on :func:`ranked_examples` (BCE, value head only, 3 folds): its training record."""
+    examples, features = ranked_examples(siblings)
+    settings = {"probe": {"l2": l2s, "combination": ["value"], "folds": 3}, "loss": "bce", "pairwise_weight": 0.0,
+                "input": "candidate", "max_length": 64}
+    _, training = probe.fit_probe(features, settings, 0, examples, [], {e.row: 1.0 for e in examples}, prm.prm_loss)
+    return training
+
+
+def test_the_probe_chooses_on_ranking_where_the_loss_disagrees():
+    training = fit_ranked([0.01, 100.0])
+    report, rows = training["probe"], {row["l2"]: row for row in training["probe"]["cv"]}
+    # the old rule (lowest held-fold loss) takes the strong ridge, which ranks siblings near chance
+    assert min(rows.values(), key=lambda row: row["cv_loss"])["l2"] == 100.0
+    assert rows[0.01]["cv_pairwise_accuracy"] > rows[100.0]["cv_pairwise_accuracy"] + 0.2
+    assert rows[0.01]["cv_top1_regret"] < rows[100.0]["cv_top1_regret"]
+    assert report["criterion"] == "pairwise_accuracy" and report["l2"] == 0.01
+    assert all(row["cv_pairs"] == 96 and row["cv_states"] == 32 for row in rows.values())
+    assert training["failure_marks"] == []   # two values: no edge to warn of
+
+
+def test_choose_l2_chooses_on_ranking_too():
+    """:func:`probe.choose_l2`, the LoRA PRM's ``head_init: probe`` choice, takes the ranking's l2 as the probe does."""
+    examples, features = ranked_examples()
+    data = probe.FitData.of(examples, features.table, {e.row: 1.0 for e in examples})
+    l2, table = probe.choose_l2(data, [0.01, 100.0], lambda *args: prm.prm_loss(*args[:3], "bce", 0.0, args[3]), 3, 0)
+    assert l2 == 0.01 and probe.ranking_criterion(table) == "pairwise_accuracy"
+    assert min(table, key=lambda row: row["cv_loss"])["l2"] == 100.0
+
+
+def test_ranking_ties_are_broken_by_regret_then_loss():
+    def row(l2, accuracy, regret, loss):
+        return {"l2": l2, "cv_pairwise_accuracy": accuracy, "cv_top1_regret": regret, "cv_loss": loss, "cv_pairs": 4}
+
+    assert probe.choose_value([row(1, 0.5, 0.1, 0.1), row(2, 0.75, 0.2, 0.9), row(3, 0.75, 0.1, 0.9)])["l2"] == 3
+    assert probe.choose_value([row(1, 0.75, 0.1, 0.9), row(2, 0.75, 0.1, 0.5)])["l2"] == 2
+
+
+def test_a_choice_at_the_grid_edge_is_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        training = fit_ranked([0.01, 1.0, 100.0])
+    assert training["probe"]["l2"] == 0.01
+    [mark] = training["failure_marks"]
+    assert mark["condition"] == "probe_choice_at_grid_edge" and mark["stage"] == "prm_adapter"
+    assert "value head chose l2 0.01" in mark["message"] and "smallest" in mark["message"]
+    assert mark["message"] in caplog.text
+    assert probe.grid_edge_marks("value", 1.0, [0.01, 1.0, 100.0], "pairwise_accuracy") == []
+    assert probe.grid_edge_marks("value", 100.0, [0.01, 100.0], "pairwise_accuracy") == []
+    assert "largest" in probe.grid_edge_marks("validity", 100.0, [100.0, 0.01, 1.0], "auroc")[0]["message"]
+
+
+def test_without_held_fold_pairs_the_probe_chooses_on_loss(caplog):
+    with caplog.at_level("WARNING"):
+        training = fit_ranked([0.01, 100.0], siblings=1)
+    report = training["probe"]
+    assert report["criterion"] == "loss" and all(row["cv_pairs"] == 0 for row in report["cv"])
+    assert all(row["cv_pairwise_accuracy"] is None for row in report["cv"])
+    assert report["l2"] == min(report["cv"], key=lambda row: row["cv_loss"])["l2"]
+    assert "chosen by held-fold loss, not by ranking" in caplog.text
+
+
 def answer_rows(n: int) -> list[dict]:
     """Answers records (:data:`records.ANSWERS`) on the train split: an answer naming the marker is accepted."""
     rows = []
@@ -160,6 +260,9 @@ def test_the_validity_head_reads_the_answers_records(tmp_path, test_cache_dir):
                                 answers_path=str(answers))
     validity = metrics["probe"]["validity"]
     assert validity["examples"] == 16 and validity["accepted"] == 8 and len(validity["cv"]) == 2
+    # the validity head (no siblings) is chosen by its held-fold AUROC of the verdicts
+    assert validity["criterion"] == "auroc" and all(row["cv_auroc"] is not None for row in validity["cv"])
+    assert validity["l2"] == max(validity["cv"], key=lambda row: (row["cv_auroc"], -row["cv_loss"]))["l2"]
     assert metrics["probe"]["combination"] == "product"
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     assert scorer.head.validity is not None

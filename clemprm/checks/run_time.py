@@ -40,7 +40,7 @@ FAILURE_CONDITIONS = ("no_instances", "all_episodes_failed", "no_wins", "no_trai
                       "game_lost_to_max_length", "no_branch_points", "no_soft_labels", "no_label_variance",
                       "prm_not_learned", "adapter_not_trained")
 # warnings (:func:`warning_mark`): the run went on as configured, but not quite as the config says
-WARNING_CONDITIONS = ("grad_accum_capped", "heldout_capped")
+WARNING_CONDITIONS = ("grad_accum_capped", "heldout_capped", "probe_choice_at_grid_edge")
 CONDITIONS = FAILURE_CONDITIONS + WARNING_CONDITIONS
 MARKS_KEY = "failure_marks"   # where a stage's output records its marks (provenance or metrics JSON)
 

@@ -474,6 +474,7 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, predictions_pa
             model, training = _train(model, tokenizer, prm, seed, mixed, validation, str(scratch / "checkpoints"),
                                      device, resolve_dtype(cfg, device), tracking)
             metrics.update(training)
+            metrics[MARKS_KEY] += metrics.get("head_init", {}).pop("marks", [])
             metrics["head"] = prm_head.head_movement(random_head, prm_head.score_head(model).detach(),
                                                      [param for name, param in model.named_parameters()
                                                       if "lora_B" in name and param.requires_grad])

@@ -75,7 +75,8 @@ def fit_head(model, examples: list[Example], weights: dict[int, float], prm: dic
              objective) -> dict:
     """Set the score head of ``model`` (a PEFT sequence classifier whose LoRA is still zero) to a linear probe of its
     frozen features fitted on ``examples`` with ``objective`` (the PRM's loss) and the pair ``weights``; returns what
-    was done for the training record."""
+    was done for the training record (the ridge strength, what chose it, the cross-validation table, and in
+    ``marks`` the warning of a choice at the edge of ``prm.probe.l2``)."""
     import torch
 
     start = time.perf_counter()
@@ -89,7 +90,10 @@ def fit_head(model, examples: list[Example], weights: dict[int, float], prm: dic
     seconds = time.perf_counter() - start
     log.info("prm: score head fitted on the frozen features of %d train examples in %.0f s (l2 %s)", len(examples),
              seconds, l2)
-    return {"l2": l2, "cv": table, "examples": len(examples), "seconds": round(seconds, 2)}
+    criterion = probe.ranking_criterion(table) if table else None
+    return {"l2": l2, "criterion": criterion, "cv": table, "examples": len(examples), "seconds": round(seconds, 2),
+            "marks": probe.grid_edge_marks("the LoRA PRM's initial score head (prm.head_init probe)", l2,
+                                           prm["probe"]["l2"], criterion) if table else []}
 
 
 def head_movement(initial, final, lora_b: list) -> dict:
