@@ -271,6 +271,23 @@ def test_the_vllm_backend_needs_a_server_or_a_python_to_start_one(tmp_path):
     check_config_inputs(load_config(overrides={"generation": {"backend": "engine"}}))
 
 
+@pytest.mark.parametrize("args, flag", [
+    (["--host", "0.0.0.0"], "--host"), (["--host=0.0.0.0"], "--host"), (["--ho", "0.0.0.0"], "--host"),
+    (["--port", "8000"], "--port"), (["--port=8000"], "--port"),
+    (["--api-key", "mine"], "--api-key"), (["--api-key=mine"], "--api-key"), (["--api_key", "mine"], "--api-key")])
+def test_vllm_args_may_not_set_what_the_job_sets(tmp_path, args, flag):
+    """``generation.vllm.args: [--host, 0.0.0.0]`` came after the job's own --host: the server listened on every
+    interface, without a word. Each flag the job sets, in each form vLLM's parser reads (``=value``, underscores,
+    abbreviations), is refused naming the key; other flags pass."""
+    python = python_with_vllm(tmp_path)
+    message = problems_of(generation={"backend": "vllm", "vllm": {"python": python,
+                                                                  "args": ["--enforce-eager", *args]}})
+    assert f"generation.vllm.args: {args[0]} sets {flag}, which the job sets itself (" in message
+    assert message.count("generation.vllm.args") == 1
+    check_config_inputs(load_config(overrides={"generation": {"backend": "vllm", "vllm": {
+        "python": python, "args": ["--enforce-eager", "--max-num-seqs", "8", "--hf-overrides={}"]}}}))
+
+
 # ------------------------------------------------------------------------------ NaN and infinity (schema)
 
 

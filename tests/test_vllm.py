@@ -40,14 +40,17 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def server(vllm_python, smollm2, tmp_path_factory):
-    """One vLLM server on the embedded SmolLM2 for the module (the stages reach it by generation.vllm.url)."""
+    """One vLLM server on the embedded SmolLM2 for the module (the stages reach it by generation.vllm.url, with its
+    key in VLLM_API_KEY, as a job reaches a server run elsewhere)."""
     from clemprm.models.vllm_backend import VLLMServer, vllm_settings
 
     _, folder = smollm2
     started = VLLMServer(str(folder), settings=vllm_settings({"python": vllm_python, "kv_cache_gb": 2}),
                          dtype="float32", max_model_len=3072, seed=0, max_lora_rank=64,
                          log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    os.environ["VLLM_API_KEY"] = started.api_key
     yield started
+    os.environ.pop("VLLM_API_KEY")
     started.stop()
     assert started.died(within_s=0)
 
@@ -87,6 +90,41 @@ def test_base_rollouts_through_vllm_are_complete_and_the_same_run_to_run(server,
     written_twice = [as_json(records.read_records(tmp_path / name)) for name in ("a.parquet", "b.parquet")]
     assert written_twice[0] == written_twice[1]
     assert as_json(first) == as_json(again)
+
+
+def _status(url: str, payload: dict | None, key: str | None) -> int:
+    """The HTTP status of a GET (no payload) or POST to ``url``, sent with the bearer ``key`` where there is one."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=None if payload is None else json.dumps(payload).encode(),
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_server_answers_its_own_job_only(server, tmp_path):
+    """Without the job's key (or with another) every path is refused (401): generation (/v1/completions, and
+    /invocations, which vLLM's own key check leaves open), adapter loading (/v1/load_lora_adapter, and /adapters, open
+    too), the health check. The job's own requests pass; the key is in neither the server's command line nor its
+    log."""
+    completion = {"model": server.served_name, "prompt": [1, 2, 3], "max_tokens": 2}
+    adapter = {"lora_name": "intruder", "lora_path": str(tmp_path)}
+    calls = {"/v1/completions": completion, "/invocations": completion, "/v1/load_lora_adapter": adapter,
+             "/adapters": {"name": "intruder", "src": str(tmp_path)}, "/v1/models": None, "/health": None}
+    refused = {(path, key): _status(f"{server.url}{path}", payload, key)
+               for path, payload in calls.items() for key in (None, "not-the-key")}
+    assert set(refused.values()) == {401}, refused
+    passed = ("/v1/completions", "/invocations", "/health")
+    assert {path: _status(f"{server.url}{path}", calls[path], server.api_key) for path in passed} == dict.fromkeys(
+        passed, 200)
+    assert "intruder" not in [model["id"] for model in server.request("/v1/models")["data"]]
+    assert server.api_key not in Path(f"/proc/{server.process.pid}/cmdline").read_text()
+    assert server.api_key not in server.log_path.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +180,8 @@ def test_an_eval_mode_plays_the_sft_adapter_served_by_name(server, smollm2, test
     assert {row["policy"] for row in played["greedy_sft"]} == {"smollm2-135m-instruct+sft"}
     answers = {mode: [turn["response"] for row in rows for turn in row["turns"]] for mode, rows in played.items()}
     assert answers["greedy_sft"] != answers["greedy_base"]
-    served = [model["id"] for model in json.loads(_get(f"{server.url}/v1/models"))["data"]]
+    served = [model["id"] for model in server.request("/v1/models")["data"]]
     assert any(name.startswith("sft-") for name in served), served
-
-
-def _get(url: str) -> str:
-    import urllib.request
-    with urllib.request.urlopen(url, timeout=30) as answer:
-        return answer.read().decode()
 
 
 def test_grpo_steps_reload_the_adapter_into_the_server(server, test_cache_dir, tmp_path):
@@ -177,7 +209,7 @@ def test_grpo_steps_reload_the_adapter_into_the_server(server, test_cache_dir, t
     # about -1.6e-5, all within 1e-4)
     ratios = [step["is_log_ratio"] for step in history if step["trained_turns"]]
     assert all(abs(ratio["mean"]) < 0.05 and abs(ratio["min"]) < 1.0 for ratio in ratios), ratios
-    served = [model["id"] for model in json.loads(_get(f"{server.url}/v1/models"))["data"]]
+    served = [model["id"] for model in server.request("/v1/models")["data"]]
     assert [name for name in served if name.startswith("rl-policy-")] == [names[-1]], served
 
 
@@ -273,13 +305,13 @@ def test_logprob_modes_are_refused_with_a_shared_server_at_parse_time(tmp_path):
 
 
 def test_each_rank_s_server_gets_its_rank_s_gpu():
-    from clemprm.models.vllm_backend import VLLMError, server_environment, vllm_settings
+    from clemprm.models.vllm_backend import GATE_FOLDER, VLLMError, server_environment, vllm_settings
 
     settings = vllm_settings({"kv_cache_gb": 3})
     ranks = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "PATH": "/bin"}
     assert server_environment(settings, {**ranks, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "4,5"}) == {
         **ranks, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "5", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "VLLM_CPU_KVCACHE_SPACE": "3"}
+        "VLLM_CPU_KVCACHE_SPACE": "3", "PYTHONPATH": str(GATE_FOLDER)}
     assert server_environment(settings, {**ranks, "LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "4,5"})[
         "CUDA_VISIBLE_DEVICES"] == "4"
     assert server_environment(settings, {**ranks, "LOCAL_RANK": "1"})["CUDA_VISIBLE_DEVICES"] == "1"

@@ -16,7 +16,8 @@ game code. The models and the games have modules of their own; the run's own set
   rewarded per turn on episodes, every played game logs per-turn scores;
 * the input files the rules read (``sft.extra_data``) are there;
 * with ``generation.backend: vllm``, a server can be reached or started (a URL, or a Python with vLLM installed),
-  and no eval mode ranks by the policy's log-probabilities on a shared server;
+  ``generation.vllm.args`` sets none of the flags the job sets itself (``--host``, ``--port``, ``--api-key``), and
+  no eval mode ranks by the policy's log-probabilities on a shared server;
 * the held-out set is not capped below ``branch_points.validation_instances`` (a warning);
 * the tracker of ``tracking.report_to`` is installed (:func:`clemprm.tracking.tracker_problem`).
 
@@ -69,6 +70,7 @@ def config_input_problems(config: dict) -> tuple[list[str], list[str]]:
     problems += unreadable + ([] if tolerated else unmatched)
     problems += input_file_problems(config)
     problems += generation_problems(config.get("generation") or {})
+    problems += vllm_args_problems(config.get("generation") or {})
     problems += vllm_mode_problems(config)
     problems += turn_score_problems(config)
     problems += lora_target_problems(config)
@@ -96,6 +98,19 @@ def generation_problems(generation: dict) -> list[str]:
         return [f"generation.vllm.python: {python} {problem}: give the Python of a virtualenv with vLLM (bash "
                 f"scripts/setup_vllm.sh makes one; docs/vllm.md)"]
     return []
+
+
+def vllm_args_problems(generation: dict) -> list[str]:
+    """With the vllm backend, the items of ``generation.vllm.args`` that set a flag the job sets itself
+    (:data:`clemprm.models.vllm_backend.JOB_FLAGS`: ``--host 0.0.0.0`` came after the job's own ``--host`` and the
+    server listened on every interface)."""
+    from clemprm.models.vllm_backend import JOB_FLAGS, job_flag_of
+
+    if generation.get("backend") != "vllm":
+        return []
+    args = (generation.get("vllm") or {}).get("args") or []
+    return [f"generation.vllm.args: {arg} sets {flag}, which the job sets itself ({JOB_FLAGS[flag]}): drop it"
+            for arg in args if (flag := job_flag_of(arg))]
 
 
 def python_finds_module(python: str, module: str) -> str | None:

