@@ -324,7 +324,8 @@ def test_a_difference_covers_the_games_both_modes_played_and_says_how_many(tmp_p
     with_search = {**summary, "modes": {**summary["modes"], "best_of_n": {**summary["modes"]["greedy_sft"]}},
                    "differences": {"random_of_n": {"best_of_n": difference}}}
     row = next(line for line in console.summary_table(with_search).splitlines() if "best_of_n - random_of_n" in line)
-    assert row.rstrip().endswith("2 of 3")
+    detectable = difference["overall"]["clemscore"]["detectable"]
+    assert detectable > 0 and row.split()[-4:] == ["2", "of", "3", f"{detectable:.1f}"]   # games; detectable
 
 
 def test_prm_eval_json_validates_against_its_schema(eval_run):

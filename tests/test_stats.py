@@ -76,11 +76,34 @@ def test_paired_difference_of_a_table_with_itself_is_exactly_zero_and_keeps_comm
     other = table.copy()
     other["wins"] = np.minimum(other["wins"] + 1, 4)
     same = stats.paired_difference(table, table, win_rate, 200, 0, 0.95)
-    assert same[stats.OVERALL]["rate"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    assert same[stats.OVERALL]["rate"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "detectable": 0.0}
     better = stats.paired_difference(other, table.iloc[:-3], win_rate, 200, 0, 0.95)
     assert better[stats.OVERALL]["instances"] == len(table) - 3
     assert better[stats.OVERALL]["rate"]["ci_low"] > 0
     assert stats.paired_difference(other, table.iloc[:0], win_rate, 200, 0, 0.95) == {}
+
+
+def test_the_detectable_difference_is_what_a_paired_interval_clears_0_for_in_80_percent_of_runs():
+    """2.8 standard errors at 95 % and 80 %: a true difference that size clears 0 in about 80 % of runs."""
+    sd, n = 1.0, 400
+    assert stats.detectable_difference(np.random.default_rng(0).normal(0, sd / np.sqrt(n), 4000), 0.95) == \
+        pytest.approx(2.80 * sd / np.sqrt(n), rel=0.05)
+    assert stats.detectable_difference(np.array([np.nan, 1.0]), 0.95) is None
+    assert stats.detectable_difference(np.random.default_rng(0).normal(0, 1.0, 4000), 0.90, power=0.5) == \
+        pytest.approx(1.645, rel=0.05)   # at power 1/2: the interval's own half-width
+
+
+def test_a_paired_difference_says_what_it_could_detect_and_more_instances_detect_less():
+    table = instance_sums(np.random.default_rng(4), instances=120)
+    other = table.copy()
+    other["wins"] = np.random.default_rng(5).permutation(other["wins"].to_numpy())
+    first = [i for i, key in enumerate(table.index) if int(key[2]) < 12]   # 12 instances per game
+    small = stats.paired_difference(other.iloc[first], table.iloc[first], win_rate, 400, 0, 0.95)
+    large = stats.paired_difference(other, table, win_rate, 400, 0, 0.95)
+    for result in (small, large):
+        rate = result[stats.OVERALL]["rate"]
+        assert rate["detectable"] == pytest.approx(2.80 / (2 * 1.96) * (rate["ci_high"] - rate["ci_low"]), rel=0.2)
+    assert large[stats.OVERALL]["rate"]["detectable"] < small[stats.OVERALL]["rate"]["detectable"]
 
 
 def test_derive_seed_is_stable_and_63_bit():

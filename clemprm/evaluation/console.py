@@ -57,8 +57,9 @@ def mode_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
 
 def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
     """Per regime, one row per search (a mode with a scorer) and control of its regime: ``search - control``, the
-    paired differences in % played, quality and clemscore, and how many of the games the quality difference covers
-    (those both modes played an episode of)."""
+    paired differences in % played, quality and clemscore, how many of the games the quality difference covers
+    (those both modes played an episode of), and the smallest clemscore difference the run could detect
+    (:func:`clemprm.stats.detectable_difference`: a difference inside it that is not seen was not there to see)."""
     rows: dict[str, list[tuple[str, ...]]] = {}
     for control, modes in summary.get("differences", {}).items():
         for mode, difference in modes.items():
@@ -68,9 +69,11 @@ def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
             overall = difference.get(OVERALL) or {}
             regime = summary["modes"][mode].get("regime", "lookahead")
             covered = (overall.get("games") or {}).get("quality")   # none in a summary made before it was counted
+            detectable = (overall.get("clemscore") or {}).get("detectable")
             rows.setdefault(regime, []).append(
                 (f"{mode} - {control}", *(estimate(overall.get(metric), signed=True) for metric in METRICS),
-                 "n/a" if covered is None else f"{covered} of {len(difference) - 1}"))   # every group but overall
+                 "n/a" if covered is None else f"{covered} of {len(difference) - 1}",   # every group but overall
+                 "n/a" if detectable is None else f"{detectable:.1f}"))
     return rows
 
 
@@ -157,7 +160,7 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
         lines += table(modes[regime], ("mode", "% played", "quality", "clemscore"))
         if differences.get(regime):
             lines += table(differences[regime], ("search - control", "% played", "quality", "clemscore",
-                                                 "quality over games"))
+                                                 "quality over games", "detectable clemscore"))
     prm = summary.get("prm")
     if prm:
         reads = {"candidate": "the candidate (blind)"}.get(prm.get("input"), "the candidate and the game's reply "
