@@ -71,14 +71,16 @@ def trained_adapters(config: dict) -> list[str]:
 
 def cross_key_problem(config: dict) -> str | None:
     """No game to play, an eval mode that needs an RL policy whose algorithm ``rl.algorithms`` does not train, an eval
-    mode whose PRM reads another input than ``prm.input``, a merge of an adapter the run does not train, RL
+    mode whose PRM reads another input than ``prm.input``, a search over one candidate (:func:`search_n_problem`), a
+    size no run can mean (:func:`size_problem`), a merge of an adapter the run does not train, RL
     settings that do not go together (:func:`rl_problem`) or PRM settings that train or judge nothing
     (:func:`prm_problem`); None if none."""
     games = config["games"]
     if not games["builtin"] and not games.get("clembench_games"):
         return ("config key 'games.builtin': no game to play: games.builtin is empty and games.clembench_games "
                 "names none (name at least one game)")
-    if problem := prm_input_problem(config["eval"]["modes"], config["prm"]["input"]):
+    if problem := (size_problem(config) or prm_input_problem(config["eval"]["modes"], config["prm"]["input"])
+                   or search_n_problem(config)):
         return problem
     algorithms = config["rl"]["algorithms"]
     mergeable = trained_adapters(config)
@@ -95,6 +97,48 @@ def cross_key_problem(config: dict) -> str | None:
                     f"({', '.join(algorithms) or 'none'}) does not train it: add {needed} to rl.algorithms or drop "
                     "the mode")
     return rl_problem(config) or prm_problem(config)
+
+
+SIZE_BOUNDS = {
+    ("labels", "k"): (1024, "continuations per candidate, each a whole game played on; the card uses 4-16"),
+    ("labels", "shards"): (1024, "jobs of the soft_labels stage, each loading the model; Snakemake plans every one "
+                                 "at parse time"),
+    ("branch_points", "siblings"): (256, "candidates sampled per state, each labelled by labels.k games"),
+    ("branch_points", "max_per_episode"): (1024, "states per trajectory; no game here lasts that many turns"),
+    ("base_rollouts", "episodes_per_instance"): (10000, "plays of one instance"),
+    ("branch_points", "episodes_per_instance"): (10000, "plays of one instance"),
+    ("eval", "episodes_per_instance"): (10000, "plays of one instance per mode"),
+    ("eval", "n"): (256, "candidates sampled per turn"),
+}
+"""Upper bounds of sizes no run can mean (``labels.k: 99999999999999999999999`` was accepted), each with its
+reason: a run asking for more fails at parse time (:func:`size_problem`). ``games.max_instances`` is bounded apart
+(:data:`MAX_INSTANCES`)."""
+MAX_INSTANCES = 1_000_000   # per game and split: a cap above every game's size is the same as null
+
+
+def size_problem(config: dict) -> str | None:
+    """A size above its bound (:data:`SIZE_BOUNDS`, :data:`MAX_INSTANCES`), naming the key, the bound and why."""
+    for (section, key), (bound, why) in SIZE_BOUNDS.items():
+        value = (config.get(section) or {}).get(key)
+        if isinstance(value, int) and value > bound:
+            return (f"config key '{section}.{key}': {value} is above {bound}, more than any run can mean ({why}); "
+                    f"give a size at most {bound}")
+    for split, value in (config["games"].get("max_instances") or {}).items():
+        if isinstance(value, int) and value > MAX_INSTANCES:
+            return (f"config key 'games.max_instances.{split}': {value} is above {MAX_INSTANCES}, more instances "
+                    f"than any game holds; null takes every instance of the split")
+    return None
+
+
+def search_n_problem(config: dict) -> str | None:
+    """Search modes (best-of-N, beam search) with ``eval.n`` 1: every scorer then picks the one candidate there is,
+    so each search plays what its control plays and their difference measures nothing."""
+    searches = [mode for mode in config["eval"]["modes"] if MODES[mode].search in ("best_of_n", "beam_search")]
+    if searches and config["eval"]["n"] < 2:
+        return (f"config key 'eval.n': {config['eval']['n']} candidate per turn, so {', '.join(searches)} choose "
+                f"among one: each plays what its control plays and their differences measure nothing; set eval.n "
+                f"to 2 or more, or drop the search modes from eval.modes")
+    return None
 
 
 def prm_problem(config: dict) -> str | None:

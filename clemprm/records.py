@@ -334,3 +334,31 @@ def write_json(path: str | Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
+
+
+def read_interactions(path: str | Path, schema=None) -> list[dict]:
+    """Rows (``messages``, ``meta``) of a playpen-data interactions file: parquet, jsonl or json. ``schema`` (e.g.
+    :data:`INTERACTIONS`, for the pipeline's own file) is the one a parquet file must have. Read by the SFT stage and
+    at parse time (``sft.extra_data``: a file that is not such a table fails before any job)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"interactions file {path} does not exist")
+    if path.suffix == ".parquet":
+        rows = read_table(path, schema).to_pylist()
+    elif path.suffix in (".jsonl", ".json"):
+        text = path.read_text()
+        try:
+            if path.suffix == ".json" and text.lstrip().startswith("["):
+                rows = json.loads(text)
+            else:
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as error:
+            raise ValueError(f"cannot read interactions file {path}: {error}") from error
+    else:
+        raise ValueError(f"interactions file {path}: unsupported format {path.suffix!r} (use .parquet or .jsonl)")
+    for i, row in enumerate(rows):
+        if not (isinstance(row, dict) and isinstance(row.get("messages"), list)
+                and isinstance(row.get("meta"), dict)):
+            raise ValueError(f"interactions file {path}, row {i}: needs `messages` (a list) and `meta` (a mapping), "
+                             f"the playpen-data interactions layout")
+    return rows

@@ -238,6 +238,8 @@ def write_checkout(root: Path) -> Path:
     write_game(root / "needs_package", spec("needs_package"), imports="import clemprm_fixture_missing_package")
     write_game(root / "needs_data", spec("needs_data"), imports="import nltk\nnltk.download('clemprm_fixture_data')")
     write_game(root / "names_missing_file", spec("names_missing_file", instances="instances_gone"))
+    # passes the parse-time checks (its imports resolve), raises when clemcore loads it
+    write_game(root / "raises_at_import", spec("raises_at_import"), imports="raise RuntimeError('boom at import')")
     (root / "docs" / "hidden").mkdir(parents=True)  # folders clemcore's registry skips
     (root / "docs" / "hidden" / "clemgame.json").write_text(json.dumps(spec("in_docs")))
     return root
@@ -510,6 +512,18 @@ def test_a_scorer_that_raises_is_counted_in_labels_and_in_the_eval_summary(check
 
 
 # ------------------------------------------------------------------------------------------------ fail fast
+
+
+def test_a_game_whose_code_raises_at_import_is_named_with_its_file_and_line(checkout):
+    """The console showed `RuntimeError: boom at import`, naming neither the game nor the file."""
+    from clemprm.play.clemcore_setup import GameCodeError
+
+    check_config_inputs(load_config(overrides={"games": games_config(checkout, ["raises_at_import"])}))
+    master = checkout / "raises_at_import" / "master.py"
+    line = next(i for i, text in enumerate(master.read_text().splitlines(), 1) if "boom at import" in text)
+    with pytest.raises(GameCodeError, match=rf"game 'raises_at_import': its code failed to load \({master}, line "
+                                            rf"{line}\): RuntimeError: boom at import"):
+        GameCatalog(games_config(checkout, ["raises_at_import"]))
 
 
 def test_every_episode_of_a_game_failing_stops_base_rollouts(checkout, scripted_policy, tmp_path):

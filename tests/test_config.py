@@ -121,6 +121,28 @@ def test_a_mode_whose_prm_reads_another_input_than_the_prm_is_trained_on_fails_a
     assert load_config()["prm"]["input"] == "candidate"   # blind is the default
 
 
+def test_a_search_over_one_candidate_fails_at_parse_time():
+    """eval.n 1 with best_of_n and random_of_n was accepted: a search over one candidate is its own control."""
+    with pytest.raises(ConfigError, match=r"config key 'eval.n': 1 candidate per turn, so random_of_n, best_of_n "
+                                          r"choose among one"):
+        load_config(overrides={"eval": {"n": 1, "modes": ["greedy_sft", "random_of_n", "best_of_n"]}})
+    assert load_config(overrides={"eval": {"n": 1, "modes": ["greedy_sft"]}})["eval"]["n"] == 1   # no search
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"labels": {"k": 99999999999999999999999}}, r"'labels.k': 99999999999999999999999 is above 1024, more than any "
+                                                 r"run can mean \(continuations per candidate"),
+    ({"labels": {"shards": 100000}}, r"'labels.shards': 100000 is above 1024"),
+    ({"eval": {"n": 10**6}}, r"'eval.n': 1000000 is above 256"),
+    ({"games": {"max_instances": {"train": 10**9}}}, r"'games.max_instances.train': 1000000000 is above 1000000, "
+                                                    r"more instances than any game holds; null takes every instance"),
+], ids=["k", "shards", "n", "instances"])
+def test_sizes_no_run_can_mean_fail_at_parse_time_saying_why(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+    assert load_config(overrides={"labels": {"k": 1024, "shards": 1024}})["labels"]["k"] == 1024   # the bound itself
+
+
 def test_the_old_rl_algorithm_key_fails_naming_its_replacement():
     with pytest.raises(ConfigError, match=r"'rl.algorithm' was replaced by rl.algorithms, a list"):
         load_config(overrides={"rl": {"algorithm": "prime"}})

@@ -244,6 +244,21 @@ def test_unreadable_file_exits_2_naming_it(capsys, content):
     assert "broken.parquet" in error and error.startswith("clemprm inspect: ")
 
 
+def test_a_folder_is_refused_with_the_record_files_under_it(soft_labels_file, tmp_path, capsys):
+    """`clemprm inspect results` said "Could not read schema from .../benchmarks/base_rollouts.tsv"."""
+    results = tmp_path / "results"
+    (results / "benchmarks").mkdir(parents=True)
+    (results / "benchmarks" / "base_rollouts.tsv").write_text("s\th:m:s\n1.0\t0:00:01\n")
+    (results / "labels").mkdir()
+    shutil.copy(soft_labels_file[0], results / "labels" / "soft_labels.parquet")
+    assert main(["inspect", str(results)]) == 2
+    error = capsys.readouterr().err
+    assert error == (f"clemprm inspect: {results} is a folder: give one record file (a .parquet file); under it:\n"
+                     f"  {results}/labels/soft_labels.parquet\n")
+    assert main(["inspect", str(results / "benchmarks")]) == 2
+    assert "it holds none" in capsys.readouterr().err
+
+
 def venv_bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 

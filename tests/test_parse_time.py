@@ -163,8 +163,46 @@ def offline(monkeypatch, tmp_path):
 
 @pytest.fixture
 def online(monkeypatch):
+    """Hub access on, the hub a local port that accepts connections (this machine may have no network)."""
+    import socket
+
+    from huggingface_hub import constants
+
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{hub.getsockname()[1]}")
+        yield
+
+
+def test_a_hub_id_the_cache_does_not_hold_and_no_network_can_fetch_is_named_before_any_job(online, monkeypatch,
+                                                                                          tmp_path):
+    """It passed parse time, and base_rollouts failed after 57 s of retries naming neither model.spec nor the cure."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")   # nothing listens there
+    message = problems_of(model={"spec": "org/model"}, hf_home=str(tmp_path / "hf"))
+    assert (f"model.spec: org/model is not a local folder (relative to {tmp_path}) nor in the hub cache "
+            f"{tmp_path}/hf/hub, and http://127.0.0.1:{port} cannot be reached" in message)
+    assert "hf download org/model" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_a_job_that_cannot_load_a_hub_id_names_model_spec_and_the_cure(monkeypatch, tmp_path):
+    from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(OSError, match=r"model spec org/model-not-cached: the hub id org/model-not-cached could not "
+                                      r"be loaded: .*HF_HUB_OFFLINE is on.*hf download org/model-not-cached"):
+        load_tokenizer_and_model(ModelConfig(spec="org/model-not-cached"))
 
 
 def test_a_path_like_model_spec_must_be_a_model_folder(offline, tmp_path):
@@ -461,6 +499,13 @@ def test_keys_naming_games_that_are_not_played_are_refused(tmp_path):
             f"clembench game is played)") in message
 
 
+def test_an_instances_file_for_a_built_in_game_is_refused_before_any_job():
+    """games.instances_files: {guessnumber: ../../etc/passwd} was accepted: the escape check covered clembench games."""
+    message = problems_of(games={"instances_files": {"guessnumber": "../../etc/passwd"}})
+    assert ("games.instances_files names 'guessnumber', a built-in game: its instances are built in "
+            "(clemprm/games/guessnumber/in/, one file per split)") in message
+
+
 def test_a_key_set_twice_in_a_config_file_is_refused_naming_key_and_file(tmp_path, capsys):
     (tmp_path / "twice.yaml").write_text("labels:\n  k: 4\n  temperature: 1.0\n  k: 8\n")
     assert main(["check-config", str(tmp_path / "twice.yaml")]) == 2
@@ -481,6 +526,21 @@ def test_a_nested_command_line_value_suggests_a_config_file():
         validate_config(config, {"labels": {"k": "8"}})
     with pytest.raises(ConfigError, match=r"not of type 'integer'$"):   # not from the command line: no such advice
         validate_config(config)
+
+
+def test_extra_sft_data_that_is_not_an_interactions_table_is_refused_before_any_job(tmp_path):
+    """sft.extra_data: /etc/passwd was accepted at parse time; the SFT job failed on it."""
+    files = {"passwd.jsonl": "root:x:0:0:root:/root:/bin/bash\n", "rows.jsonl": '{"text": "no messages"}\n',
+             "notes.txt": "hello\n", "good.jsonl": '{"messages": [{"role": "user", "content": "hi"}], "meta": {}}\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    expected = {"passwd.jsonl": "(cannot read interactions file", "notes.txt": "unsupported format '.txt'",
+                "rows.jsonl": "needs `messages` (a list) and `meta` (a mapping)"}
+    for name, reason in expected.items():
+        message = problems_of(sft={"extra_data": str(tmp_path / name)})
+        assert f"sft.extra_data: {tmp_path / name} is not a playpen-data interactions table" in message
+        assert reason in message
+    check_config_inputs(load_config(overrides={"sft": {"extra_data": str(tmp_path / "good.jsonl")}}))
 
 
 # -------------------------------------------------------------------- check-config and Snakemake agree

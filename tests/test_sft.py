@@ -106,13 +106,13 @@ def test_split_is_by_instance_and_keeps_experiments_apart():
 
 def test_read_interactions_parquet_jsonl_and_success_filter(tmp_path):
     extra = write_extra_jsonl(tmp_path / "extra.jsonl")
-    rows = sft.read_interactions(extra)
+    rows = records.read_interactions(extra)
     assert len(rows) == 8 and sum(sft.is_success(row) for row in rows) == 4
     records.write_records(tmp_path / "x.parquet", rows, records.INTERACTIONS, {})
-    assert sft.read_interactions(tmp_path / "x.parquet") == rows
+    assert records.read_interactions(tmp_path / "x.parquet") == rows
     (tmp_path / "bad.jsonl").write_text('{"text": "no messages"}\n')
     with pytest.raises(ValueError, match="interactions layout"):
-        sft.read_interactions(tmp_path / "bad.jsonl")
+        records.read_interactions(tmp_path / "bad.jsonl")
 
 
 # --------------------------------------------------------------------------------- tiny model

@@ -83,6 +83,7 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
     import torch
     from peft import get_peft_model
 
+    from clemprm.records import read_interactions
     from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
     from clemprm.models.scoring import pad_right
     from clemprm.stages import sft
@@ -93,7 +94,7 @@ def train_adapter(config: dict, data: Path, adapter_dir: Path, steps: int, lr: f
     torch.manual_seed(config["seed"])
     model = get_peft_model(model, lora_config(config["sft"]["lora"], "CAUSAL_LM"))
     chat = sft.ChatFormat(tokenizer, cfg.chat_template_kwargs, [tokenizer.eos_token_id])
-    examples, _ = sft.build_examples(sft.read_interactions(data), chat, config["sft"]["max_length"], "sft_data")
+    examples, _ = sft.build_examples(read_interactions(data), chat, config["sft"]["max_length"], "sft_data")
     held_out = split_instances([e.key for e in examples], config["sft"]["validation_fraction"], config["seed"])
     train = sample_at_most([e for e in examples if e.key not in held_out], 2 * steps, config["seed"])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)

@@ -67,14 +67,20 @@ def clembench_problems(games: dict) -> list[str]:
 
 def unplayed_game_problems(games: dict) -> list[str]:
     """Keys that name a game the run does not play (``games.parse_mode_overrides``, ``games.instances_files``: a
-    misspelled name would be ignored), and a ``games.clembench_path`` that is no folder (also when no clembench game
-    is played yet)."""
+    misspelled name would be ignored), ``games.instances_files`` naming a built-in game (its instances are built in,
+    one file per split: the key chooses among a clembench game's files, and a path given for a built-in game was
+    accepted unread), and a ``games.clembench_path`` that is no folder (also when no clembench game is played
+    yet)."""
     played, problems = played_games(games), []
     for key in ("parse_mode_overrides", "instances_files"):
         for name in sorted(set(games.get(key) or {}) - set(played)):
             problems.append(f"games.{key} names {name!r}, which is not a game this run plays (games.builtin: "
                             f"{', '.join(games['builtin']) or 'none'}; games.clembench_games: "
                             f"{', '.join(games.get('clembench_games') or []) or 'none'})")
+    for name in sorted(set(games.get("instances_files") or {}) & set(games["builtin"])):
+        problems.append(f"games.instances_files names {name!r}, a built-in game: its instances are built in "
+                        f"(clemprm/games/{name}/in/, one file per split); the key chooses the instances file of a "
+                        f"clembench game (games.clembench_games): drop {name!r} from it")
     path = games.get("clembench_path")
     if path and not games.get("clembench_games") and not os.path.isdir(os.path.expanduser(path)):
         problems.append(f"games.clembench_path: {path} is not a directory (a clembench checkout; null when no "

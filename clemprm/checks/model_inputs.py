@@ -64,10 +64,29 @@ def hub_cache_holds(repo_id: str, hf_home: str | None) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache(hf_home)), str)
 
 
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``, default https://huggingface.co) cannot be reached from here (a TCP
+    connection to it, at most ``timeout`` seconds), or None when it can. Asked only for a hub id the cache does not
+    hold: without it, the first job would spend a minute on retries and fail naming neither the key nor the cure."""
+    import socket
+    import urllib.parse
+
+    from huggingface_hub import constants
+
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+    except OSError as error:
+        return f"{constants.ENDPOINT} cannot be reached: {error}"
+    return None
+
+
 def model_problems(spec: str, key: str, offline: str | None = None, hf_home: str | None = None) -> list[str]:
     """Why ``spec`` cannot name a model here ([] when it can): a malformed or unknown spec, a missing folder, a
-    folder without a config or a tokenizer, an invalid hub id, or a hub id the jobs cannot download (``offline``:
-    why, :func:`clemprm.config.hub_offline_reason`) that is not in the hub cache."""
+    folder without a config or a tokenizer, an invalid hub id, or a hub id the hub cache does not hold that the jobs
+    cannot download (``offline``: why, :func:`clemprm.config.hub_offline_reason`; or the hub cannot be reached,
+    :func:`hub_unreachable`)."""
     from clemprm.models.loader import parse_spec
 
     try:
@@ -87,9 +106,16 @@ def model_problems(spec: str, key: str, offline: str | None = None, hf_home: str
         validate_repo_id(value)
     except HFValidationError as error:
         return [f"{key}: {value} is neither a local folder (relative to {os.getcwd()}) nor a hub id ({error})"]
-    if offline and not hub_cache_holds(value, hf_home):
+    if hub_cache_holds(value, hf_home):
+        return []
+    if offline:
         return [f"{key}: {value} is not a local folder (relative to {os.getcwd()}), and as a hub id it cannot be "
                 f"downloaded: hub access is off ({offline}) and the hub cache {hub_cache(hf_home)} does not hold it"]
+    if unreachable := hub_unreachable():
+        return [f"{key}: {value} is not a local folder (relative to {os.getcwd()}) nor in the hub cache "
+                f"{hub_cache(hf_home)}, and {unreachable}: download it where there is network "
+                f"(`hf download {value}` into that cache, or a folder named by {key}); HF_HUB_OFFLINE=1 tells the "
+                f"jobs to read the cache only"]
     return []
 
 

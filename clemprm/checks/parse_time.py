@@ -154,11 +154,20 @@ def vllm_mode_problems(config: dict) -> list[str]:
 
 def input_file_problems(config: dict) -> list[str]:
     """Input files of rules that the config names and that are not there (a rule would stop the run at once with
-    Snakemake's "Missing input files"): ``sft.extra_data``."""
+    Snakemake's "Missing input files") or not what the rule reads: ``sft.extra_data``, read as an interactions table
+    (:func:`clemprm.records.read_interactions`; ``/etc/passwd`` was accepted, and the SFT job failed on it)."""
+    from clemprm.records import read_interactions
+
     extra = (config.get("sft") or {}).get("extra_data")
-    if extra and not os.path.isfile(os.path.expanduser(extra)):
+    if not extra:
+        return []
+    if not os.path.isfile(os.path.expanduser(extra)):
         return [f"sft.extra_data: {extra} is not a file (relative to {os.getcwd()}; playpen-data interactions: "
                 f"parquet, jsonl or json)"]
+    try:
+        read_interactions(os.path.expanduser(extra))
+    except Exception as error:   # pyarrow's, json's or the layout's: whatever it is, it names the file
+        return [f"sft.extra_data: {extra} is not a playpen-data interactions table ({error})"]
     return []
 
 

@@ -53,6 +53,13 @@ def inspect_file(path: str | Path, examples: int = 3, width: int = 100, bins: in
 
 
 def read_file(path: str | Path) -> pa.Table:
+    """The table of one record file; a folder is refused with the record files under it (pyarrow would read it as a
+    dataset of every file there and fail on the first that is not parquet)."""
+    if Path(path).is_dir():
+        found = sorted(str(file) for file in Path(path).rglob("*.parquet"))
+        shown = "\n  ".join(found[:20]) + (f"\n  ... and {len(found) - 20} more" if len(found) > 20 else "")
+        raise records.RecordFileError(f"{path} is a folder: give one record file (a .parquet file); "
+                                      + (f"under it:\n  {shown}" if found else "it holds none"))
     if not Path(path).exists():
         raise records.RecordFileError(f"record file {path} does not exist")
     return records.read_table(path)

@@ -302,6 +302,25 @@ def weights_named_on_error(folder: str, what: str):
                                ) from error
 
 
+@contextlib.contextmanager
+def hub_id_named_on_error(spec: str, path: str):
+    """Turn the ``OSError`` of a hub id that could be neither downloaded nor read from the hub cache (transformers'
+    "We couldn't connect to ...", after a minute of retries) into one naming the model spec and the cure; a local
+    folder's errors pass as they are."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, WeightsFileError) or os.path.isdir(os.path.expanduser(path)):
+            raise
+        from huggingface_hub import constants
+
+        why = "HF_HUB_OFFLINE is on" if constants.HF_HUB_OFFLINE else f"is there a network path to {constants.ENDPOINT}?"
+        raise OSError(f"model spec {spec}: the hub id {path} could not be loaded: it is not in the hub cache "
+                      f"{constants.HF_HUB_CACHE} and could not be downloaded ({why}); download it where there is "
+                      f"network (`hf download {path}`) or name a local folder in model.spec, and set HF_HUB_OFFLINE=1 "
+                      f"to read the cache only. The error: {error}") from error
+
+
 def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, task: str = "causal-lm"):
     """THE model loader: ``(tokenizer, model)`` for ``task`` "causal-lm" (policy) or "seq-cls" (PRM, one logit).
 
@@ -340,8 +359,8 @@ def load_tokenizer_and_model(cfg: ModelConfig, *, for_training: bool = False, ta
     if device == "cuda":
         kwargs["device_map"] = {"": torch.cuda.current_device()}
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    with weights_named_on_error(path, "model"):
+    with hub_id_named_on_error(cfg.spec, path), weights_named_on_error(path, "model"):
+        tokenizer = AutoTokenizer.from_pretrained(path)
         if task == "seq-cls":
             model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **kwargs)
         else:

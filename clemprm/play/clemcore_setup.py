@@ -43,6 +43,7 @@ import functools
 import logging
 import logging.config
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -179,6 +180,17 @@ def take_validation_verdict(game_master) -> bool | None:
     return game_master.__dict__.pop(VALIDATION_VERDICT, None)
 
 
+class GameCodeError(ImportError):
+    """A game's code (its ``master.py`` and what it imports) raised while clemcore loaded it: the message names the
+    game, the folder and the game's own file and line where it raised (clemcore's names neither)."""
+
+    def __init__(self, game_name: str, game_dir: str | Path, error: BaseException):
+        frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+                  if Path(frame.filename).resolve().is_relative_to(Path(game_dir).resolve())]
+        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else f"{game_dir}/master.py"
+        super().__init__(f"game {game_name!r}: its code failed to load ({where}): {type(error).__name__}: {error}")
+
+
 def load_game_benchmark(game_dir: str | Path, game_name: str):
     """The ``GameBenchmark`` of ``game_name`` from a game folder (clemgame.json + master.py). The game's own
     modules leave ``sys.modules`` again (see the module doc), so games with same-named modules load side by side."""
@@ -189,7 +201,10 @@ def load_game_benchmark(game_dir: str | Path, game_name: str):
     if not specs:
         raise ValueError(f"{game_dir}/clemgame.json declares no game named {game_name!r}")
     before = set(sys.modules)
-    benchmark = GameBenchmark.load_from_spec(specs[0])
+    try:
+        benchmark = GameBenchmark.load_from_spec(specs[0])
+    except Exception as error:
+        raise GameCodeError(game_name, game_dir, error) from error
     for name in set(sys.modules) - before:
         if is_game_local(sys.modules[name], game_dir):
             del sys.modules[name]

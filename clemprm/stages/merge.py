@@ -49,7 +49,7 @@ from clemprm.play.chat import end_token_ids
 from clemprm.model_card import merged_card, write_card
 from clemprm.models.lora_merge import lora_disabled, merge_adapter, save_merged
 from clemprm.training import peak_memory_mb, sample_at_most, split_instances
-from clemprm.records import write_json
+from clemprm.records import read_interactions, write_json
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ def sft_examples(settings: dict, tokenizer, eos_ids: list, data_path: str, n: in
 
     sft = settings["sft"]
     chat = sft_stage.ChatFormat(tokenizer, settings["model"].get("chat_template_kwargs"), eos_ids)
-    rows = sft_stage.read_interactions(data_path)
+    rows = read_interactions(data_path)
     if sft.get("extra_data"):
-        rows += [row for row in sft_stage.read_interactions(sft["extra_data"]) if sft_stage.is_success(row)]
+        rows += [row for row in read_interactions(sft["extra_data"]) if sft_stage.is_success(row)]
     examples, _ = sft_stage.build_examples(rows, chat, sft["max_length"], "sft_data")
     chosen, source = _held_out(examples, [e.key for e in examples], sft["validation_fraction"], settings["seed"], n)
     return Examples([e.input_ids[-max_tokens:] for e in chosen], None, source)

@@ -40,11 +40,9 @@ Outputs
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from clemprm import records
 from clemprm.checks.run_time import check_not_empty, fail_or_warn, marks_metadata
@@ -77,33 +75,6 @@ class Example:
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
-
-
-def read_interactions(path: str | Path, schema=None) -> list[dict]:
-    """Rows (``messages``, ``meta``) of a playpen-data interactions file: parquet, jsonl or json. ``schema`` (e.g.
-    :data:`records.INTERACTIONS`, for the pipeline's own file) is the one a parquet file must have."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"interactions file {path} does not exist")
-    if path.suffix == ".parquet":
-        rows = records.read_table(path, schema).to_pylist()
-    elif path.suffix in (".jsonl", ".json"):
-        text = path.read_text()
-        try:
-            if path.suffix == ".json" and text.lstrip().startswith("["):
-                rows = json.loads(text)
-            else:
-                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as error:
-            raise ValueError(f"cannot read interactions file {path}: {error}") from error
-    else:
-        raise ValueError(f"interactions file {path}: unsupported format {path.suffix!r} (use .parquet or .jsonl)")
-    for i, row in enumerate(rows):
-        if not (isinstance(row, dict) and isinstance(row.get("messages"), list)
-                and isinstance(row.get("meta"), dict)):
-            raise ValueError(f"interactions file {path}, row {i}: needs `messages` (a list) and `meta` (a mapping), "
-                             f"the playpen-data interactions layout")
-    return rows
 
 
 def is_success(row: dict) -> bool:
@@ -246,9 +217,9 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
     sft, seed = settings["sft"], int(settings["seed"])
     # data first (a bad file fails before a model is loaded): the pipeline's wins, in the interactions schema,
     # + optional public interactions (successful ones only)
-    rows = {"sft_data": read_interactions(data_path, records.INTERACTIONS)}
+    rows = {"sft_data": records.read_interactions(data_path, records.INTERACTIONS)}
     if sft.get("extra_data"):
-        extra = read_interactions(sft["extra_data"])
+        extra = records.read_interactions(sft["extra_data"])
         rows["extra_data"] = [row for row in extra if is_success(row)]
         log.info("extra data %s: %d of %d rows are successful episodes", sft["extra_data"], len(rows["extra_data"]),
                  len(extra))
