@@ -25,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 from filelock import FileLock  # noqa: E402
+import yaml  # noqa: E402
 
 from clemprm.config import load_config  # noqa: E402
 
@@ -131,30 +132,20 @@ def train_tiny_sft(folder: Path, rows: list[dict], cache_dir: str) -> str:
     return str(folder / "adapter")
 
 
+TINY = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml").read_text())
+"""configs/tiny.yaml: the tiny model and small counts, the config a person can run by hand too."""
+RUN_KEYS = ("model", "on_failure", "games", "base_rollouts")
 # The shape the tests were written for, pinned apart from config.yaml's (a small learning benchmark: siblings,
 # held-out validation states, k_first, no RL algorithm, no merges): each test asks for what it checks
-TESTS_SHAPE = {
-    "branch_points": {"siblings": 1, "max_per_episode": 4, "validation_instances": 0},
-    "sft": {"epochs": 3},
-    "labels": {"k_first": None},
-    "prm": {"pairwise_weight": 0.0, "max_examples": 48, "validation_fraction": 0.2, "epochs": 3},
-    "merge": {"contrasts": True, "adapters": ["sft", "prm", "rl_grpo", "rl_prime"]},
-    "rl": {"algorithms": ["grpo", "prime"]},
-    "eval": {"modes": ["greedy_base", "greedy_sft", "random_of_n", "best_of_n", "best_of_n_logprob", "greedy_rl_grpo",
-                       "greedy_rl_prime"]},
-}
+TESTS_SHAPE = {key: value for key, value in TINY.items() if key not in RUN_KEYS}
 
 
 def tiny_config(**overrides) -> dict:
-    """The default config with the tiny model and small counts (what the workflow tests run)."""
-    base = {
-        "model": {"spec": "tiny:0", "threads": 1},
-        "games": {"max_instances": {"train": 2, "validation": 2, "test": 2}},
-        "base_rollouts": {"episodes_per_instance": 2, "max_new_tokens": 12},
-        **TESTS_SHAPE,
-    }
+    """The default config with configs/tiny.yaml over it, but ``on_failure`` (a test expects the default, stop,
+    unless it asks for continue): what the workflow tests run."""
     from clemprm.config import deep_merge
-    return load_config(overrides=deep_merge(base, overrides))
+    return load_config(overrides=deep_merge({key: value for key, value in TINY.items() if key != "on_failure"},
+                                            overrides))
 
 
 def _scripted_policy_class():

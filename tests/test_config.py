@@ -19,7 +19,7 @@ def test_default_config_is_valid():
 
 
 @pytest.mark.parametrize("files", [["configs/cluster.yaml"], ["configs/learning.yaml"], ["configs/hanabi.yaml"],
-                                   ["configs/learning.yaml", "configs/lookahead.yaml"]])
+                                   ["configs/learning.yaml", "configs/lookahead.yaml"], ["configs/tiny.yaml"]])
 def test_the_shipped_configs_are_valid(files):
     """Each config in configs/ on top of config.yaml, as its header says to use it (a default changed under one of
     them, e.g. blind search, must not leave it failing at parse time)."""
