@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+from pathlib import Path
 
 from clemprm import records
 
@@ -46,6 +47,7 @@ def summary_command(args: argparse.Namespace) -> int:
     """The results table of a run's ``prm_eval.json`` (what the pipeline prints when it finishes), after a warning
     where the table is stale; a file that is not a prm_eval.json is refused, naming what it is not."""
     from clemprm.evaluation.console import SummaryError, read_summary, staleness, summary_table
+    from clemprm.evaluation.stage_account import stage_lines
 
     try:
         summary = read_summary(args.path)
@@ -55,6 +57,7 @@ def summary_command(args: argparse.Namespace) -> int:
     for warning in staleness(args.path, summary, args.run_start):
         print(warning)
     print(summary_table(summary, args.path))
+    print("\n".join(stage_lines(Path(args.path).parent)))
     return 0
 
 

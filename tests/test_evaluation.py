@@ -440,3 +440,26 @@ def test_a_summary_older_than_the_episodes_it_is_made_from_is_named_stale(eval_r
     assert first.endswith(f"(validation split, seed {SETTINGS['seed']}), is older than 1 of the files it is made from "
                           f"({results / 'eval' / 'best_of_n.parquet'}); snakemake results/prm_eval.json remakes it")
     assert second.startswith("clemprm results: validation split")
+
+
+def test_the_table_says_in_words_why_a_zero_or_an_n_a_is_there():
+    """A first run printed quality 0.0 everywhere and ranking n/a, and nothing said why."""
+    from clemprm.evaluation import console
+
+    zero = {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    won = {"value": 25.0, "ci_low": 10.0, "ci_high": 40.0}
+
+    def entry(success):
+        return {"regime": "blind", "results": {"overall": {"percent_played": won, "quality": zero, "clemscore": zero,
+                                                           "success_rate": success}}}
+
+    summary = {"split": "validation", "bootstrap": {"ci": 0.95},
+               "modes": {"greedy_sft": entry(zero), "random_of_n": entry(zero), "best_of_n": entry(won)},
+               "prm": {"ranking": {"prefixes": 9, "pairs_with_different_labels": 0}, "gate": {"status": "not_judged"}}}
+    table = console.summary_table(summary)
+    assert "greedy_sft, random_of_n won no episode: their quality and clemscore are 0" in table
+    assert "the PRM's ranking is n/a: its held-out siblings all carry the same label" in table
+    assert table.count("configs/learning.yaml") == 2
+    summary["modes"] = {"best_of_n": entry(won)}
+    summary["prm"]["ranking"]["pairs_with_different_labels"] = 12
+    assert "reading this table" not in console.summary_table(summary)

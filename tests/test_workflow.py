@@ -276,6 +276,14 @@ def test_the_run_ends_with_its_results_table(completed_run):
     assert console.estimate(difference, signed=True) in row
     assert f"quality gate: {summary['prm']['gate']['status']}".lower() in printed.lower()
     assert "BLIND: one answer per turn" in printed and "LOOKAHEAD" not in printed   # the default is blind only
+    # then what each stage did, read from the run's files
+    from clemprm.evaluation.stage_account import stage_lines
+
+    account = stage_lines(completed_run.workdir / "results")
+    assert "\n".join(account[1:]) in completed_run.output and len(account) == 6   # blank, title, four stages
+    base = records.read_records(completed_run.workdir / "results/rollouts/base_train.parquet")
+    assert account[2].startswith(f"  base rollouts: {len(base)} episodes, {sum(row['success'] for row in base)} won")
+    assert account[5].startswith("  PRM: ") and "on its train siblings" in account[5]
 
 
 def test_report_figures_show_their_inputs(completed_run):

@@ -147,6 +147,27 @@ def gate_line(prm: dict) -> str:
     return line
 
 
+FOR_AN_ANSWER = "for figures that answer something: configs/learning.yaml (docs/results.md)"
+
+
+def reading_notes(summary: dict) -> list[str]:
+    """Why a zero or an n/a is in the table, in words: modes that won no episode (quality and clemscore 0 are then
+    the policy's, not a fault), and a PRM ranking with no held-out pair to rank (its siblings all carry one label)."""
+    notes = []
+    unwon = [mode for mode, entry in summary.get("modes", {}).items()
+             if (((entry.get("results") or {}).get(OVERALL) or {}).get("success_rate") or {}).get("value") == 0]
+    if unwon:
+        notes.append(f"  {', '.join(unwon)} won no episode: their quality and clemscore are 0 because the policy "
+                     f"never finished a game with a win (a small first run's policy rarely wins; {FOR_AN_ANSWER})")
+    ranking = (summary.get("prm") or {}).get("ranking")
+    if summary.get("prm") and not (ranking or {}).get("pairs_with_different_labels"):
+        notes.append(f"  the PRM's ranking is n/a: its held-out siblings all carry the same label (their "
+                     f"continuations all lost, or all won), so there is no pair to rank and the gate cannot judge; "
+                     f"more held-out states (branch_points.validation_instances) or a policy that wins sometimes give "
+                     f"pairs ({FOR_AN_ANSWER})")
+    return ["", "reading this table:", *notes] if notes else []
+
+
 def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
     """The results table of one ``prm_eval.json`` (see the module doc)."""
     bootstrap = summary.get("bootstrap") or {}
@@ -174,6 +195,7 @@ def summary_table(summary: dict, path: str = "results/prm_eval.json") -> str:
         lines += (table(rows, ("scorer", "pairwise accuracy", "learned share", "top-1 regret")) if rows
                   else ["  not measured"])
         lines += ceiling_lines(prm)
+    lines += reading_notes(summary)
     lines += ["", "report: snakemake --report report.html; transcripts: results/report/transcripts/; "
                   "clembench results trees (clem eval): results/clembench/<mode>/"]
     if summary.get("warnings"):
