@@ -59,7 +59,8 @@ from clemprm import distributed, records
 from clemprm.models.generation import load_policy
 from clemprm.models.loader import load_tokenizer_and_model, policy_settings, resolve_dtype, resolve_quantization
 from clemprm.models.logprob import mean_logprobs
-from clemprm.models.prm import PRMScorer, prm_model_config
+from clemprm.models.prm import PRMScorer, ProbeScorer, prm_model_config
+from clemprm.models.probe import ProbeHead
 from clemprm.models.scoring import logits_sharing_prefixes, pad_right, prefix_sharing_problem
 from clemprm.config import provenance
 from clemprm.modes import PRM_INPUT_REGIMES
@@ -325,8 +326,9 @@ ACCEPTANCE_HELDOUT_FRACTION = 0.25
 
 
 def verdict_examples(tokenizer, cfg, prm: dict, seed: int, answers_path: str | None) -> tuple[list, list]:
-    """The answers the LoRA PRM trains on beside the soft labels (``prm.acceptance_examples`` of them, labelled by the
-    game's verdict: :func:`acceptance_examples`) and those of :data:`ACCEPTANCE_HELDOUT_FRACTION` of their instances
+    """The answers a PRM trains on beside the soft labels (``prm.acceptance_examples`` of them, labelled by the game's
+    verdict: :func:`acceptance_examples`; the LoRA PRM in its one schedule, the probe as its validity head) and those
+    of :data:`ACCEPTANCE_HELDOUT_FRACTION` of their instances
     kept out to measure it on: ``(train, heldout)``."""
     if not prm["acceptance_examples"]:
         return [], []
@@ -457,11 +459,14 @@ def train_prm(settings: dict, labels_path: str, adapter_dir: str, predictions_pa
             if prm["acceptance_examples"] and not answers_path:
                 raise ValueError("prm.acceptance_examples > 0 gives the probe's validity head the answers records, "
                                  "but none were given (the rule's answers input); set it to 0 to fit without them")
-            verdicts = acceptance_examples(answers_path, tokenizer, cfg.chat_template_kwargs, prm["max_length"],
-                                           prm["acceptance_examples"], seed) if prm["acceptance_examples"] else []
+            verdicts, verdicts_heldout = verdict_examples(tokenizer, cfg, prm, seed, answers_path)
             scorer, training = probe.fit_probe(features, prm, seed, train, verdicts,
                                                label_weights(train, prm["label_weighting"]), prm_loss)
             metrics.update(training)
+            if scorer.head.validity is not None:   # the validity head alone, on the held-out answers' verdicts
+                validity = ProbeScorer(features, ProbeHead(scorer.head.validity), input=prm["input"],
+                                       max_length=prm["max_length"])
+                metrics["acceptance"] = verdict_record(validity, verdicts, verdicts_heldout)
         elif train:
             verdicts, verdicts_heldout = verdict_examples(tokenizer, cfg, prm, seed, answers_path)
             mixed = train + verdicts   # one optimizer and one schedule over the soft labels and the verdicts

@@ -260,8 +260,10 @@ def fit_probe(features: ProbeFeatures, prm: dict, seed: int, train: list, verdic
     criterion = ranking_criterion(table) if table else None
     if table:
         marks += grid_edge_marks("the probe's value head", l2, settings["l2"], criterion)
+    # the validity head is kept where fitted, also when the score is the value head's alone: its verdicts are
+    # measured on their own (metrics.json `acceptance`)
     head = ProbeHead(fit_linear(data, l2, value_objective),
-                     fit_linear(verdict_data, validity_l2, validity_objective) if combination == "product" else None,
+                     fit_linear(verdict_data, validity_l2, validity_objective) if verdict_data is not None else None,
                      combination)
     with torch.no_grad():
         train_loss = float(value_objective(head.logits(data.features), data.labels, data.groups, data.weights))
