@@ -1,19 +1,22 @@
 """The benchmarks' one door (clemprm.bench): every benchmark is listed, one runs on the tiny model and writes its
-figures as JSON (min / median / max over the repeats, ratios taken per repeat), and the shared parts (Figures,
-RunFiles) keep their promises."""
+figures as JSON (min / median / max over the repeats, ratios taken per repeat), the learning benchmark parses its
+options and refuses what it cannot use, and the shared parts (Figures, RunFiles) keep their promises."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from clemprm.bench import Figures, RunFiles
 from clemprm.bench.__main__ import main
 
-# the benchmarks that were scripts/bench_*.py and scripts/clembench_suite.py before the door
+REPO = Path(__file__).resolve().parent.parent
+# the benchmarks that were scripts/bench_*.py and scripts/clembench_suite.py before the door, and the learning
+# benchmark (scripts/learning_benchmark.py is its alias)
 BENCHMARKS = {"clembench_suite", "distributed", "engine", "generation", "hanabi", "hanabi_rl", "k_first", "labels",
-              "merge", "prm", "prm_training", "probe", "rl", "score", "sft", "siblings", "vllm"}
+              "learning", "merge", "prm", "prm_training", "probe", "rl", "score", "sft", "siblings", "vllm"}
 
 
 def test_the_list_names_every_benchmark_with_what_it_measures(capsys):
@@ -71,3 +74,37 @@ def test_an_unknown_benchmark_and_a_missing_run_file_say_what_to_do(tmp_path):
     with pytest.raises(SystemExit, match=r"labels/soft_labels.parquet does not exist: --results names a pipeline's "
                                          r"results folder whose gather_soft_labels rule has run"):
         RunFiles(tmp_path).soft_labels()
+
+
+def test_the_learning_benchmark_parses_its_options_and_refuses_what_it_cannot_use(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["learning", "--help"])
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("usage: python -m clemprm.bench learning") and "--table-only" in printed
+    assert "(default: runs/learning)" in " ".join(printed.split())   # its seeds resume there, not in a temporary one
+    with pytest.raises(SystemExit) as exit_:
+        main(["learning", "--regimes", "blind", "sideways"])
+    assert exit_.value.code == 2 and "invalid choice: 'sideways'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"^python -m clemprm.bench learning: --repeat 2: the seeds are this "):
+        main(["learning", "--repeat", "2", "--table-only", "--workdir", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match=r"^python -m clemprm.bench learning: nothing to tabulate: no seed of --seeds "
+                                         r"7 11 has a prm_eval.json under "):
+        main(["learning", "--table-only", "--seeds", "7", "11", "--workdir", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit, match=r"^python -m clemprm.bench learning: --config: config file nope.yaml: cannot "
+                                         r"read it"):
+        main(["learning", "--seeds", "7", "--config", "nope.yaml", "--workdir", str(tmp_path / "runs")])
+    assert not list((tmp_path / "runs").iterdir())   # no seed ran, no table written
+
+
+def test_the_learning_benchmark_tabulates_a_table_made_elsewhere(tmp_path, capsys):
+    """``--table-only --add`` with the three seeds of docs/data/learning_seeds.json: the table written again, the
+    door's figures counting its seeds and claims."""
+    out = tmp_path / "figures.json"
+    main(["learning", "--table-only", "--add", str(REPO / "docs" / "data" / "learning_seeds.json"), "--seeds", "7",
+          "--workdir", str(tmp_path / "runs"), "--json", str(out)])
+    assert "| blind: best_of_n beats random_of_n on clemscore |" in capsys.readouterr().out
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["seeds tabulated"]["samples"] == [3] and figures["claims judged"]["samples"][0] > 0
+    table = json.loads((tmp_path / "runs" / "seeds.json").read_text())
+    assert sorted(table["seeds"]) == ["11", "42", "7"]

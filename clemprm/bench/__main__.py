@@ -5,7 +5,9 @@
     python -m clemprm.bench NAME [--workdir DIR] [--repeat N] [--json PATH] [its options]
 
 Prints what the benchmark reports as it goes, then one table of its figures (min / median / max over the repeats;
-ratios per repeat), and writes that table as JSON to ``--json``.
+ratios per repeat), and writes that table as JSON to ``--json``. The hub is switched off (``HF_HUB_OFFLINE``,
+``TRANSFORMERS_OFFLINE``, where not set) for every benchmark but those that run whole pipelines (``learning``): there
+the configs decide, as in any pipeline run.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import clemprm.bench as package
 
-import clemprm.bench as package  # noqa: E402
+HUB_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+RUNS_PIPELINES = {"learning"}   # benchmarks that run snakemake, whose parse-time checks read HUB_OFFLINE
 
 
 def names() -> list[str]:
@@ -39,8 +41,9 @@ def parser_for(name: str, module) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m clemprm.bench {name}", description=module.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     shared = parser.add_argument_group("shared by every benchmark")
-    shared.add_argument("--workdir", type=Path, default=None,
-                        help="where the benchmark writes what it makes (default: a new temporary folder)")
+    workdir = getattr(module, "WORKDIR", None)   # a benchmark that resumes in a folder of its own names it
+    shared.add_argument("--workdir", type=Path, default=workdir, help="where the benchmark writes what it makes "
+                        f"(default: {workdir or 'a new temporary folder'})")
     shared.add_argument("--repeat", type=int, default=1, help="repeats; each figure keeps a sample per repeat")
     shared.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures here")
     module.add_arguments(parser)
@@ -49,6 +52,9 @@ def parser_for(name: str, module) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in RUNS_PIPELINES:   # before the benchmark's imports read them
+        for variable in HUB_OFFLINE:
+            os.environ.setdefault(variable, "1")
     known = names()
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
