@@ -6,6 +6,7 @@ under the key ``clemprm``; :func:`read_provenance` returns it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -220,9 +221,40 @@ def write_records(path: str | Path, rows: list[dict], schema: pa.Schema, provena
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     table = table.replace_schema_metadata({"clemprm": json.dumps(provenance, sort_keys=True)})
+    with atomic_write(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+class WriteFailed(OSError):
+    """A file (a record, a JSON, an adapter) that could not be written; names it."""
+
+
+SPACE_ERRORS = ("No space left on device", "File too large", "Disk quota exceeded")
+"""How ENOSPC, EFBIG and EDQUOT read in an error's text (Python's OSError, pyarrow's, safetensors' Rust error)."""
+
+
+def write_failed(what: str, error: BaseException) -> WriteFailed:
+    """:class:`WriteFailed` naming ``what`` (e.g. ``record file <path>``) and the error, saying so when it is a lack of
+    space (the errors of pyarrow, safetensors and a plain write name no file)."""
+    space = " (is the disk full, or over a quota or a file size limit?)" if lack_of_space(error) else ""
+    return WriteFailed(f"cannot write {what}: {type(error).__name__}: {error}{space}")
+
+
+def lack_of_space(error: BaseException) -> bool:
+    return any(text in str(error) for text in SPACE_ERRORS)
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path):
+    """A temporary file beside ``path`` to write, moved into place when the block ends; a write that fails removes it
+    and raises :class:`WriteFailed` naming ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise write_failed(str(path), error) from error
 
 
 PRODUCING_RULES = (("results/rollouts/", "base_rollouts"), ("results/sft/sft_data.parquet", "win_filter"),
@@ -331,9 +363,9 @@ def write_json(path: str | Path, data: dict) -> None:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    with atomic_write(path) as tmp:
+        tmp.write_text(text)
 
 
 def read_interactions(path: str | Path, schema=None) -> list[dict]:

@@ -170,14 +170,34 @@ def scratch_beside(folder: str | Path):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def remove_stale_scratch(folder: str | Path) -> None:
+    """Remove the scratch folders (:func:`scratch_beside`) a killed job left beside ``folder``, its Trainer checkpoints
+    in them: no process of a live job uses one (Snakemake runs one job per output at a time), and nothing else would
+    ever remove them."""
+    folder = Path(folder)
+    for stale in sorted(folder.parent.glob(f".{folder.name}.tmp-*")):
+        logging.getLogger(__name__).info("removing %s, left by a killed job", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def shared_scratch_beside(folder: str | Path):
     """:func:`scratch_beside`, one for all processes of the job (rank 0's, :mod:`clemprm.distributed`): the Trainer's
-    checkpoints, which rank 0 writes and every rank reads back (the best epoch's weights). Every rank enters it."""
-    with contextlib.ExitStack() as stack:
-        mine = stack.enter_context(scratch_beside(folder)) if distributed.is_main() else None
-        yield distributed.from_main(mine)
-        distributed.barrier()   # every rank is done with it before rank 0 removes it
+    checkpoints, which rank 0 writes and every rank reads back (the best epoch's weights). Every rank enters it; rank 0
+    first removes the scratch folders of a killed earlier job (:func:`remove_stale_scratch`)."""
+    mine = None
+    try:
+        with contextlib.ExitStack() as stack:
+            if distributed.is_main():
+                remove_stale_scratch(folder)
+            mine = stack.enter_context(scratch_beside(folder)) if distributed.is_main() else None
+            yield distributed.from_main(mine)
+            distributed.barrier()   # every rank is done with it before rank 0 removes it
+    except Exception as error:   # a checkpoint the Trainer could not write: its error (safetensors') names no file
+        if isinstance(error, records.WriteFailed) or not records.lack_of_space(error):
+            raise
+        raise records.write_failed(f"the Trainer's checkpoints of {folder} (in {mine or 'a scratch folder'}, now "
+                                   f"removed)", error) from error
 
 
 def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list[str] | None = None) -> None:
@@ -192,8 +212,14 @@ def write_adapter(model, spec: str, adapter_dir: str | Path, adapter_names: list
         out = scratch / "adapter"
         # save_embedding_layers=False: a LoRA on lm_head (or embed_tokens) would otherwise also save the whole base
         # matrix (PEFT's default for embedding targets, meant for a resized vocabulary; 113 MB for SmolLM2's lm_head)
-        model.save_pretrained(str(out), save_embedding_layers=False,
-                              **({"selected_adapters": adapter_names} if adapter_names else {}))
+        try:
+            model.save_pretrained(str(out), save_embedding_layers=False,
+                                  **({"selected_adapters": adapter_names} if adapter_names else {}))
+        except Exception as error:   # a full disk: safetensors' error names no file
+            if not records.lack_of_space(error):
+                raise
+            raise records.write_failed(f"adapter {adapter_dir} (written in {out} first, now removed)",
+                                       error) from error
         for config_path in out.rglob("adapter_config.json"):
             data = json.loads(config_path.read_text())
             data["base_model_name_or_path"] = spec

@@ -2,10 +2,10 @@
 instances files and their code read as text (:mod:`clemprm.checks.game_code`); no game code runs.
 
 * ``games.clembench_path`` is a clembench checkout and every game of ``games.clembench_games`` is found in it
-  (:func:`clemprm.play.catalog.clembench_specs`) with an instances file that can be read and holds no ``game_id``
-  twice in one experiment (:func:`clemprm.play.catalog.instance_rows`); its Python imports resolve here and the
-  NLTK data it downloads at import time is installed (offline the download fails and the game breaks later, inside
-  a job);
+  (:func:`clemprm.play.catalog.clembench_specs`) with an instances file that can be read, holds an instance and no
+  ``game_id`` twice in one experiment (:func:`clemprm.play.catalog.instance_rows`); its Python imports resolve here
+  and the NLTK data it downloads at import time is installed (offline the download fails and the game breaks later,
+  inside a job);
 * ``games.parse_mode_overrides`` and ``games.instances_files`` name played games; ``games.clembench_path`` is a
   folder when set;
 * ``games.experiments`` names played games and experiments their instances files hold;
@@ -44,8 +44,11 @@ def clembench_problems(games: dict) -> list[str]:
                             f"{games['clembench_path']} (found: {', '.join(sorted(specs)) or 'none'})")
             continue
         game_dir, spec = specs[name]
-        try:   # a file that is not there, not JSON, or repeats a game_id within an experiment
-            instance_rows(instances_file(game_dir, spec, chosen.get(name)), name)
+        try:   # a file that is not there, not JSON, repeats a game_id within an experiment, or holds no instance
+            path = instances_file(game_dir, spec, chosen.get(name))
+            if not instance_rows(path, name):
+                problems.append(f"game {name!r}: instances file {path} holds no instance (each experiment's "
+                                f"game_instances is empty): nothing to play")
         except ValueError as error:
             problems.append(str(error))
         try:
