@@ -31,8 +31,8 @@ from clemprm.config import load_config  # noqa: E402
 
 # the test modules that take longest (minutes each on 2 cores), slowest first: under xdist a worker takes the next
 # module when it is free, so starting with the long ones keeps both busy to the end
-SLOWEST_FIRST = ("test_slurm_pipeline", "test_vllm", "test_distributed", "test_workflow", "test_faults", "test_models", "test_labels",
-                 "test_rl", "test_bench", "test_cli", "test_prm")
+SLOWEST_FIRST = ("test_slurm_pipeline", "test_vllm", "test_distributed", "test_workflow", "test_faults", "test_models",
+                 "test_labels", "test_rl", "test_bench", "test_cli", "test_prm")
 
 
 def pytest_collection_modifyitems(config, items):
