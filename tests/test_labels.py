@@ -398,14 +398,15 @@ def test_a_policy_that_repeats_itself_gives_one_branch_point_per_state_with_all_
 
 
 def test_the_seed_draws_the_train_and_held_out_instances_and_every_seed_tests_on_the_whole_test_split():
-    """configs/learning.yaml: 12 of 40 train instances per game, 10 held out of the 40 validation ones, all 20 test
-    instances. Seeds 7 and 11 train on and hold out other instances of every game, and test on the same, whole
-    split; one seed draws alike every time, each experiment as often (round-robin), and a game's draw does not
-    depend on the other games."""
+    """configs/learning.yaml: 12 of 40 train instances per game, every one of the 40 validation instances held out
+    (the yardstick: about 4 times the pairs of 10), all 20 test instances. Seeds 7 and 11 train on other instances of
+    every game, hold out and test on the same, whole splits; a held-out set capped below its split (10 of 40) is
+    drawn by the seed too; one seed draws alike every time, each experiment as often (round-robin), and a game's
+    draw does not depend on the other games."""
     config = load_config(REPO / "configs/learning.yaml")
-    per_game = config["branch_points"]["validation_instances"]
+    assert config["branch_points"]["validation_instances"] == 40
 
-    def draw(seed: int, games: dict = config["games"]) -> dict[str, list]:
+    def draw(seed: int, games: dict = config["games"], per_game: int = 40) -> dict[str, list]:
         catalog = GameCatalog(games, seed)
         return {"train": [i.key for i in catalog.all_instances("train")],
                 "held_out": [i.key for i in branch_points.held_out_instances(catalog, per_game)[0]],
@@ -413,9 +414,13 @@ def test_the_seed_draws_the_train_and_held_out_instances_and_every_seed_tests_on
 
     seven, eleven = draw(7), draw(11)
     assert draw(7) == seven
+    capped_seven, capped_eleven = draw(7, per_game=10), draw(11, per_game=10)
+    every_validation_instance = {i.key for i in GameCatalog(config["games"]).all_instances("validation")}
+    assert set(seven["held_out"]) == set(eleven["held_out"]) == every_validation_instance
     for game in config["games"]["builtin"]:
-        for part, size in (("train", 12), ("held_out", per_game)):
-            ours, theirs = ({key for key in keys[part] if key[0] == game} for keys in (seven, eleven))
+        for keys, part, size in ((seven, "train", 12), (capped_seven, "held_out", 10)):
+            other = eleven if keys is seven else capped_eleven
+            ours, theirs = ({key for key in drawn[part] if key[0] == game} for drawn in (keys, other))
             assert len(ours) == len(theirs) == size and ours != theirs, (game, part)
     every_test_instance = {i.key for i in GameCatalog(config["games"]).all_instances("test")}
     assert len(every_test_instance) == 60 and set(seven["test"]) == set(eleven["test"]) == every_test_instance
