@@ -3,7 +3,7 @@ job (or which one left the next with nothing), read from the run's own files und
 (a stage not run yet) is left out.
 
 * base rollouts: episodes played per game and how many were won;
-* SFT: the won episodes kept, the pairs trained on, the eval loss before and after;
+* SFT: the interactions of won episodes kept, the optimizer steps, the eval loss before and after;
 * labels: candidates per split, states with siblings, the labels' mean and spread, the held-out states whose
   siblings differ (the pairs the PRM's ranking is measured on);
 * PRM: its train-side and held-out pairwise accuracy (the table above has the rest).
