@@ -71,6 +71,23 @@ def test_terminal_siblings_keep_their_exact_label():
     assert modelled["simulations"] == 20 and modelled["value"] > 0.5
 
 
+def test_labels_with_no_pair_to_rank_have_no_ceiling():
+    """Siblings that all carry one label (a first run's held-out states: no episode won) allow no ranking figure;
+    the simulations' rare draws of a pair must not read as a ceiling of 1."""
+    examples, rows, _ = simulated(states=40)
+    for example, row in zip(examples, rows):
+        row.update(label=0.0, rollout_scores=[0.0] * 4)
+        example.label = 0.0
+    for i in range(4):   # state 0's siblings: a prior with some spread, still one label per state
+        rows[i].update(label=0.25, rollout_scores=[100.0, 0.0, 0.0, 0.0])
+        examples[i].label = 0.25
+    modelled = label_ceiling.modelled_ceiling(examples, rows, ci=0.95, seed=0, simulations=20)
+    assert modelled == {"value": None, "ci_low": None, "ci_high": None, "simulations": 0}
+    rows[4].update(label=0.25, rollout_scores=[100.0, 0.0, 0.0, 0.0])   # one pair to rank: a ceiling again
+    examples[4].label = 0.25
+    assert label_ceiling.modelled_ceiling(examples, rows, ci=0.95, seed=0, simulations=20)["value"] is not None
+
+
 def test_metrics_carry_the_ceiling_and_the_train_side_and_the_summary_prints_them(tmp_path, test_cache_dir):
     from clemprm.evaluation import console, evaluate
     from tests.test_prm import prm_settings, synthetic_rows, train_and_measure, write_labels

@@ -206,6 +206,21 @@ def test_choose_l2_chooses_on_ranking_too():
     assert min(table, key=lambda row: row["cv_loss"])["l2"] == 100.0
 
 
+def test_choose_l2_fits_its_folds_as_the_final_head_is_fitted():
+    """Without an intercept (the LoRA PRM's score head has no bias) the folds' heads must have none either: the
+    labels' level (0.2-0.8) is then the weights' to carry, and the held folds' loss shows it."""
+    examples, features = ranked_examples()
+    data = probe.FitData.of(examples, features.table, {e.row: 1.0 for e in examples})
+
+    def objective(*args):
+        return prm.prm_loss(*args[:3], "bce", 0.0, args[3])
+
+    _, with_bias = probe.choose_l2(data, [0.01, 100.0], objective, 3, 0)
+    _, without = probe.choose_l2(data, [0.01, 100.0], objective, 3, 0, intercept=False)
+    assert [row["l2"] for row in without] == [0.01, 100.0]
+    assert [row["cv_loss"] for row in without] != [row["cv_loss"] for row in with_bias]
+
+
 def test_ranking_ties_are_broken_by_regret_then_loss():
     def row(l2, accuracy, regret, loss):
         return {"l2": l2, "cv_pairwise_accuracy": accuracy, "cv_top1_regret": regret, "cv_loss": loss, "cv_pairs": 4}

@@ -79,8 +79,12 @@ def exact(row: dict) -> bool:
 
 def modelled_ceiling(examples: list, rows: list[dict], ci: float, seed: int, simulations: int = SIMULATIONS) -> dict:
     """The pairwise accuracy a scorer of the true values reaches against labels drawn like these (module docstring),
-    with its percentile interval at level ``ci``; None without states of two or more siblings."""
+    with its percentile interval at level ``ci``; None where no state's siblings carry different labels: labels
+    with no pair to rank allow no ranking figure, and the simulations' rare draws of one would read as a ceiling
+    of 1."""
     groups = states_with_siblings(examples)
+    if not any(len({rows[examples[i].row]["label"] for i in group}) > 1 for group in groups):
+        return {"value": None, "ci_low": None, "ci_high": None, "simulations": 0}
     by_game = collections.defaultdict(list)
     for group in groups:
         for i in group:

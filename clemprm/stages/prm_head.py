@@ -82,8 +82,9 @@ def fit_head(model, examples: list[Example], weights: dict[int, float], prm: dic
     start = time.perf_counter()
     features = last_token_features(model, examples, pad_id, prm["batch_size"])
     data = probe.FitData.of(examples, features, weights)
-    l2, table = probe.choose_l2(data, prm["probe"]["l2"], objective, prm["probe"]["folds"], seed)
-    fitted = probe.fit_linear(data, l2, objective, intercept=False)   # the score head has no bias
+    # the score head has no bias: the folds' heads and the final one are fitted without one alike
+    l2, table = probe.choose_l2(data, prm["probe"]["l2"], objective, prm["probe"]["folds"], seed, intercept=False)
+    fitted = probe.fit_linear(data, l2, objective, intercept=False)
     head = score_head(model)
     with torch.no_grad():   # (x / std) @ w == x @ (w / std)
         head.copy_((fitted.weight / fitted.std).to(head.dtype).reshape(head.shape))

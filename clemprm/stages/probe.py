@@ -176,11 +176,14 @@ def validity_criterion(table: list[dict]) -> str:
     return AUROC if any(row["cv_auroc"] is not None for row in table) else LOSS
 
 
-def choose_l2(data: FitData, l2s: list[float], objective, folds: int, seed: int) -> tuple[float, list[dict]]:
+def choose_l2(data: FitData, l2s: list[float], objective, folds: int, seed: int,
+              intercept: bool = True) -> tuple[float, list[dict]]:
     """The ridge strength of ``l2s`` of a value head on ``data`` (soft labels with siblings) by
     :func:`choose_value` over folds by instance, and every candidate's figures (its criterion:
-    :func:`ranking_criterion` of them); the first candidate when there is one or the data has a single instance."""
-    table = _cross_validate(data, None, None, [(l2, "value") for l2 in l2s], objective, None, seed, folds)
+    :func:`ranking_criterion` of them); the first candidate when there is one or the data has a single instance.
+    Each fold's head is fitted as the final one will be: with a bias or, ``intercept`` false, without."""
+    table = _cross_validate(data, None, None, [(l2, "value") for l2 in l2s], objective, None, seed, folds,
+                            intercept)
     if not table:
         return l2s[0], []
     return choose_value(table)["l2"], [{k: v for k, v in row.items() if k not in ("candidate", "combination")}
@@ -298,7 +301,8 @@ def _validity_choice(features: ProbeFeatures, verdicts: list, settings: dict, ob
 
 
 def _cross_validate(data: FitData, verdicts: FitData | None, validity_l2: float | None, candidates: list[tuple],
-                    value_objective, validity_objective, seed: int, folds: int) -> list[dict]:
+                    value_objective, validity_objective, seed: int, folds: int,
+                    intercept: bool = True) -> list[dict]:
     """Held-fold loss, within-state pairwise accuracy and top-1 regret (:func:`_ranking_sums`) of every
     ``(l2, combination)`` candidate over folds of the train instances (none with one candidate or one instance):
     the value head fitted on the other folds, the validity head (ridge ``validity_l2``) on the verdicts of the other
@@ -314,7 +318,7 @@ def _cross_validate(data: FitData, verdicts: FitData | None, validity_l2: float 
             validity = fit_linear(verdicts.subset([i for i, key in enumerate(verdicts.keys) if key not in held_keys]),
                                   validity_l2, validity_objective).logits(held.features)
         for l2 in sorted({l2 for l2, _ in candidates}):
-            value = fit_linear(fitted, l2, value_objective).logits(held.features)
+            value = fit_linear(fitted, l2, value_objective, intercept).logits(held.features)
             for candidate in [c for c in candidates if c[0] == l2]:
                 logits = combined_logits(value, validity, candidate[1])
                 figures = (_held_out_loss(value_objective, logits, held), *_ranking_sums(logits.tolist(), held))
