@@ -186,7 +186,8 @@ EVAL_EPISODES = pa.schema(list(EPISODES) + [
     ("choices", pa.list_(CHOICE)),     # the search's choices, in turn order (greedy: none; self_correct: null)
 ])
 
-# Mode self_correct (``results/eval/self_correct.parquet``, clemprm.rl.self_correction): two attempts per episode id.
+# Mode self_correct (``results/eval/self_correct.parquet``, clemprm.evaluation.self_correct): two attempts per
+# episode id.
 SELF_CORRECT_EPISODES = pa.schema(list(EVAL_EPISODES) + [
     ("attempt", pa.int32()),           # 1, or 2: the episode that started from attempt 1's transcript and outcome
     ("policy_role", pa.string()),      # sft (model + SFT adapter) | score (model + SCoRe adapter)

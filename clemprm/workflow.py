@@ -185,16 +185,10 @@ def check_config(config: dict, config_files=(), command_line: dict | None = None
     warnings (rows of the instance list that match nothing, under ``on_failure: continue``)."""
     from clemprm.checks.parse_time import check_config_inputs
     from clemprm.config import read_config_file, validate_config
-    from clemprm.modes import SELF_CORRECT
-    from clemprm.rl.attempts import single_player_problems
 
     for path in config_files:
         read_config_file(path)
     validate_config(config, command_line)
     if not inputs:
         return []
-    try:   # a two-player game in score.games always; an unconfigured one when self_correct is played
-        score_problems = single_player_problems(config, in_use=SELF_CORRECT in config["eval"]["modes"])
-    except ValueError:   # a clembench checkout that cannot be read: check_config_inputs names it
-        score_problems = []
-    return check_config_inputs(config, also=score_problems)
+    return check_config_inputs(config)

@@ -169,7 +169,7 @@ def test_self_correct_writes_one_run_folder_per_policy_and_attempt(scripted_poli
                 "score": scripted_policy(binary_search_answer, name="score")}
     config = tiny_config(games={"max_instances": {"validation": 2}})
     settings = {**eval_mode_params(config, "self_correct"), "score": config["score"]}
-    from clemprm.rl.self_correction import evaluate_self_correct
+    from clemprm.evaluation.self_correct import evaluate_self_correct
 
     evaluate_self_correct(settings, str(tmp_path / "self_correct.parquet"), sft_adapter=None, score_adapter=None,
                           policies=policies, clembench_dir=str(tmp_path / "self_correct"))

@@ -18,10 +18,12 @@ from clemprm.config import eval_mode_params
 from clemprm.play.contract import Sampling
 from clemprm.play.engine import RolloutEngine
 from clemprm.rl import policy_adapter, policy_update, score
-from clemprm.rl.attempts import (check_single_player_games, single_player_problems, start_second_attempt)
+from clemprm.checks.game_inputs import check_single_player_games, single_player_problems
+from clemprm.checks.parse_time import ConfigInputError, check_config_inputs
+from clemprm.rl.attempts import start_second_attempt
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.rl.rollouts import Group, Sequence, Turn
-from clemprm.rl.self_correction import METRICS, evaluate_self_correct, self_correction_summary
+from clemprm.evaluation.self_correct import METRICS, evaluate_self_correct, self_correction_summary
 from tests.conftest import binary_search_answer, tiny_config, train_tiny_sft
 from tests.test_rl import FORCED, random_adapter, tokens
 
@@ -59,8 +61,10 @@ def test_two_player_games_are_rejected_naming_the_key():
     problems = single_player_problems(config)
     assert len(problems) == 1 and "'score.games'" in problems[0] and "'wordref'" in problems[0]
     assert "players: 2" in problems[0]
+    with pytest.raises(ConfigInputError, match="config key 'score.games': 'wordref' is not a single-player game"):
+        check_config_inputs(config)   # at parse time; eval mode self_correct does not check it again
     with pytest.raises(ValueError, match="score.games"):
-        check_single_player_games(config)
+        check_single_player_games(config)   # SCoRe's stage, which a run may make alone
     # a game that is not configured is an error only where SCoRe is part of the run
     elsewhere = tiny_config(games={"builtin": ["wordref"]})
     assert single_player_problems(elsewhere, in_use=False) == []

@@ -42,7 +42,7 @@ def run(args) -> Figures:
 
     from clemprm.config import eval_mode_params, load_config
     from clemprm.rl.score import train_score
-    from clemprm.rl.self_correction import evaluate_self_correct, self_correction_summary
+    from clemprm.evaluation.self_correct import evaluate_self_correct, self_correction_summary
 
     overrides = {"model": {"threads": args.threads}, "score": {}}
     for key in ("stage1_steps", "stage2_steps"):

@@ -11,11 +11,14 @@ instances files and their code read as text (:mod:`clemprm.checks.game_code`); n
 * ``games.experiments`` names played games and experiments their instances files hold;
 * every row of ``games.instance_list`` matches an instance of a played game (a warning under ``on_failure:
   continue``);
-* with RL rewarded per turn on episodes, every played game logs per-turn scores.
+* with RL rewarded per turn on episodes, every played game logs per-turn scores;
+* ``score.games`` (SCoRe's) holds single-player games only, each a configured game when SCoRe is part of the run
+  (eval mode ``self_correct``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -249,3 +252,47 @@ def turn_score_problems(config: dict) -> list[str]:
             f"{', '.join(silent)} log{'s' if len(silent) == 1 else ''} none (only games that log a 'turn scores' "
             f"event at every answer can, such as hanabi): use success_played or bench_score, or play only such games "
             f"(rl.data: states trains on hanabi's states alone)"]
+
+
+def game_players(games: dict, name: str):
+    """The ``players`` entry of the ``clemgame.json`` of a built-in game or a configured clembench game (None when
+    neither has that name, or the clembench checkout cannot be read: :func:`clembench_problems` names it)."""
+    from clemprm.games import BUILTIN_GAMES, builtin_game_dir
+    from clemprm.play.catalog import clembench_specs
+
+    if name in BUILTIN_GAMES:
+        return json.loads((Path(builtin_game_dir(name)) / "clemgame.json").read_text()).get("players")
+    if name in (games.get("clembench_games") or []) and games.get("clembench_path"):
+        try:
+            spec = clembench_specs(games["clembench_path"]).get(name)
+        except ValueError:
+            return None
+        return None if spec is None else spec[1].get("players")
+    return None
+
+
+def single_player_problems(config: dict, *, in_use: bool = True) -> list[str]:
+    """Why ``score.games`` cannot be SCoRe's games ([] when it can): a game with more than one player never can;
+    ``in_use`` (SCoRe is part of the run): each must also be a configured game."""
+    games = config["games"]
+    problems = []
+    for name in config["score"]["games"]:
+        configured = name in games.get("builtin", []) or name in (games.get("clembench_games") or [])
+        if in_use and not configured:
+            problems.append(f"config key 'score.games': {name!r} is not a configured game "
+                            f"(games.builtin or games.clembench_games)")
+            continue
+        players = game_players(games, name)
+        if players is not None and players not in (1, "1", "one"):
+            problems.append(f"config key 'score.games': {name!r} is not a single-player game (its clemgame.json has "
+                            f"players: {players}); SCoRe's second attempt corrects one player's first attempt")
+    return problems
+
+
+def check_single_player_games(config: dict) -> None:
+    """Raise ``ValueError`` naming ``score.games`` for the problems of :func:`single_player_problems`: SCoRe's stage
+    checks its games itself, as a run may make it alone (``snakemake results/score/adapter``) where the parse-time
+    check took SCoRe for no part of the run (``self_correct`` not in ``eval.modes``: an unconfigured game passed)."""
+    problems = single_player_problems(config)
+    if problems:
+        raise ValueError("\n".join(problems))

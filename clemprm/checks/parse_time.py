@@ -13,7 +13,8 @@ game code. The models and the games have modules of their own; the run's own set
   which every game of ``games.clembench_games`` is found with an instances file that can be read and holds no
   ``game_id`` twice in one experiment, its Python imports resolve and its NLTK data is installed; every row of
   ``games.instance_list`` matches an instance of a played game (a warning under ``on_failure: continue``); with RL
-  rewarded per turn on episodes, every played game logs per-turn scores;
+  rewarded per turn on episodes, every played game logs per-turn scores; ``score.games`` holds single-player
+  games (configured ones, when eval mode ``self_correct`` is played);
 * the input files the rules read (``sft.extra_data``) are there;
 * with ``generation.backend: vllm``, a server can be reached or started (a URL, or a Python with vLLM installed),
   ``generation.vllm.args`` sets none of the flags the job sets itself (``--host``, ``--port``, ``--api-key``), and
@@ -29,8 +30,9 @@ from __future__ import annotations
 import os
 
 from clemprm.checks.game_inputs import (clembench_problems, experiment_problems, instance_list_problems,
-                                        turn_score_problems, unplayed_game_problems)
+                                        single_player_problems, turn_score_problems, unplayed_game_problems)
 from clemprm.checks.model_inputs import adapter_problems, cache_dir_problems, lora_target_problems, model_problems
+from clemprm.modes import SELF_CORRECT
 from clemprm.tracking import tracker_problem
 
 
@@ -38,11 +40,10 @@ class ConfigInputError(ValueError):
     """Something the config names (a model, a checkout, a game, its packages or data) is not usable here."""
 
 
-def check_config_inputs(config: dict, also: list[str] = ()) -> list[str]:
-    """Raise :class:`ConfigInputError` listing every problem found (see the module doc), and those of ``also``; return
-    the warnings (:func:`config_input_problems`)."""
+def check_config_inputs(config: dict) -> list[str]:
+    """Raise :class:`ConfigInputError` listing every problem found (see the module doc); return the warnings
+    (:func:`config_input_problems`)."""
     problems, warnings = config_input_problems(config)
-    problems = [*also, *problems]
     if problems:
         raise ConfigInputError("the config names things this run cannot use:\n  - " + "\n  - ".join(problems))
     return warnings
@@ -56,7 +57,9 @@ def config_input_problems(config: dict) -> tuple[list[str], list[str]]:
 
     offline = hub_offline_reason(config)
     hf_home = config.get("hf_home")
-    problems = model_problems(config["model"]["spec"], "model.spec", offline, hf_home)
+    # a two-player game in score.games always; an unconfigured one when self_correct is played
+    problems = single_player_problems(config, in_use=SELF_CORRECT in config["eval"]["modes"])
+    problems += model_problems(config["model"]["spec"], "model.spec", offline, hf_home)
     problems += adapter_problems(config["model"].get("adapter"), "model.adapter")
     if config.get("prm", {}).get("base_model"):
         problems += model_problems(config["prm"]["base_model"], "prm.base_model", offline, hf_home)

@@ -8,7 +8,7 @@ only with lookahead controls. ``random_of_n`` samples ``best_of_n``'s candidates
 random: the control that tells what a ranking adds to sampling N answers; the ``*_logprob`` modes rank by the
 policy's own mean token log-probability (:mod:`clemprm.models.logprob`), the PRM-free pick a PRM must beat; the
 ``*_rule`` modes rank what a fork shows by a rule with no model (:class:`clemprm.search.RuleScorer`), the control
-of a lookahead search; ``self_correct`` (SCoRe's two attempts, :mod:`clemprm.rl.self_correction`) is summarized
+of a lookahead search; ``self_correct`` (SCoRe's two attempts, :mod:`clemprm.evaluation.self_correct`) is summarized
 apart, as ``self_correction``.
 
 All modes play the same instances with the same episode seeds, so they pair by instance
@@ -40,6 +40,7 @@ from clemprm import distributed, records, stats
 from clemprm.checks.run_time import (CONDITIONS, check_episodes, check_instances, failures_by_game, marks_metadata,
                                      read_failure_marks)
 from clemprm.config import provenance
+from clemprm.evaluation.self_correct import evaluate_self_correct, self_correction_summary
 from clemprm.models.loader import policy_settings
 from clemprm.models.logprob import LogprobScorer
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
@@ -170,8 +171,6 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
         raise ValueError(f"unknown eval mode {name!r} (known: {', '.join(MODES)})")
     mode = MODES[name]
     if mode.search == "self_correct":   # two policies, two attempts
-        from clemprm.rl.self_correction import evaluate_self_correct
-
         return evaluate_self_correct(settings, output, cache_dir, sft_adapter=inputs.get("sft_adapter"),
                                      score_adapter=inputs.get("score_adapter"), on_failure=on_failure,
                                      clembench_dir=clembench_dir)
@@ -416,8 +415,6 @@ def summarize_eval(settings: dict, mode_paths: list[str], output: str, upstream_
                                 + (f" ({'; '.join(gate['not_judged'])})" if gate["status"] == "not_judged" else "")
                                 for mode in summary["modes"] if MODES[mode].scorer == "prm"]
     if self_correct is not None:
-        from clemprm.rl.self_correction import self_correction_summary
-
         summary["self_correction"] = self_correction_summary(self_correct[0], samples, seed, ci)
     jsonschema.validate(summary, summary_schema())
     records.write_json(output, summary)

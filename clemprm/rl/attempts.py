@@ -15,15 +15,13 @@ whole second episode, judged by the game exactly as y1 was.
 
 The transcript leaves out the game's first prompt (attempt 2's own first prompt repeats it right after the prefix) and
 the game's last message (after the final answer the game is over; the outcome line says how it ended). Only
-single-player games (:func:`single_player_problems`): in self-play, whose attempt would the transcript be, and who
-would correct it?
+single-player games (checked at parse time, :func:`clemprm.checks.game_inputs.single_player_problems`): in
+self-play, whose attempt would the transcript be, and who would correct it?
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from clemprm.play.catalog import Instance
 from clemprm.play.engine import RolloutEngine
@@ -79,48 +77,6 @@ def start_second_attempt(engine: RolloutEngine, instance: Instance, models: list
     episode = engine.start(instance, models, episode_id, seed, game_seed=first["seed"])
     episode.context_prefix = attempt_prefix(first, instruction)
     return episode
-
-
-# ------------------------------------------------------------------------------------------ configuration checks
-
-
-def game_players(games: dict, name: str):
-    """The ``players`` entry of the ``clemgame.json`` of a built-in game or a configured clembench game (None when
-    neither has that name)."""
-    from clemprm.play.catalog import clembench_specs
-    from clemprm.games import BUILTIN_GAMES, builtin_game_dir
-
-    if name in BUILTIN_GAMES:
-        return json.loads((Path(builtin_game_dir(name)) / "clemgame.json").read_text()).get("players")
-    if name in (games.get("clembench_games") or []) and games.get("clembench_path"):
-        spec = clembench_specs(games["clembench_path"]).get(name)
-        return None if spec is None else spec[1].get("players")
-    return None
-
-
-def single_player_problems(config: dict, *, in_use: bool = True) -> list[str]:
-    """Why ``score.games`` cannot be SCoRe's games ([] when it can): a game with more than one player never can;
-    ``in_use`` (SCoRe is part of the run): each must also be a configured game."""
-    games = config["games"]
-    problems = []
-    for name in config["score"]["games"]:
-        configured = name in games.get("builtin", []) or name in (games.get("clembench_games") or [])
-        if in_use and not configured:
-            problems.append(f"config key 'score.games': {name!r} is not a configured game "
-                            f"(games.builtin or games.clembench_games)")
-            continue
-        players = game_players(games, name)
-        if players is not None and players not in (1, "1", "one"):
-            problems.append(f"config key 'score.games': {name!r} is not a single-player game (its clemgame.json has "
-                            f"players: {players}); SCoRe's second attempt corrects one player's first attempt")
-    return problems
-
-
-def check_single_player_games(config: dict, *, in_use: bool = True) -> None:
-    """Raise ``ValueError`` naming ``score.games`` for the problems of :func:`single_player_problems`."""
-    problems = single_player_problems(config, in_use=in_use)
-    if problems:
-        raise ValueError("\n".join(problems))
 
 
 def score_games_config(games: dict, score_games: list[str]) -> dict:

@@ -36,7 +36,8 @@ import torch
 from clemprm import distributed
 from clemprm.play.catalog import GameCatalog, Instance
 from clemprm.stats import derive_seed
-from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
+from clemprm.checks.game_inputs import check_single_player_games
+from clemprm.rl.attempts import score_games_config, start_second_attempt
 from clemprm.rl.grpo import summary
 from clemprm.rl.logprobs import merged_for_generation
 from clemprm.rl.rollouts import Group, Sequence, play_groups

@@ -31,7 +31,7 @@ from clemprm.config import provenance
 from clemprm.play.contract import Sampling
 from clemprm.play.engine import RolloutEngine
 from clemprm.stats import OVERALL, derive_seed
-from clemprm.rl.attempts import check_single_player_games, score_games_config, start_second_attempt
+from clemprm.rl.attempts import score_games_config, start_second_attempt
 from clemprm.search import greedy_cost
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,6 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
     from clemprm.models.generation import load_policy
     from clemprm.models.loader import policy_settings
 
-    check_single_player_games(settings)
     eval_settings = settings["eval"]
     catalog = GameCatalog(score_games_config(settings["games"], settings["score"]["games"]), settings["seed"])
     marks = check_instances(f"eval {MODE}", catalog, eval_settings["split"], on_failure)
