@@ -69,6 +69,13 @@ class EvalMode:
             return None
         return next(name for name, regime in PRM_INPUT_REGIMES.items() if regime == self.regime)
 
+    def required_input(self, inputs: dict, name: str) -> str:
+        """The file ``inputs`` gives the mode under ``name`` (one of its :attr:`inputs`); a ``ValueError`` naming it
+        when none is given."""
+        if not inputs.get(name):
+            raise ValueError(f"eval mode {self.name} needs its {name} ({self.inputs[name]}): give it")
+        return str(inputs[name])
+
     @property
     def samples(self) -> bool:
         """Whether it samples its candidates (the searches) rather than decoding greedily."""

@@ -23,6 +23,7 @@ from clemprm.config import deep_merge, eval_mode_params, sections
 from clemprm.evaluation import evaluate
 from clemprm.modes import MODES
 from clemprm.play.clembench_tree import run_dir_name
+from clemprm.play.contract import Scorer
 from clemprm.stats import OVERALL
 from tests.conftest import binary_search_answer, tiny_config
 
@@ -57,7 +58,7 @@ def mixed_answer(messages, seed):
     return [f"ANSWER: {words[seed % 3]}", JUNK][seed % 5 == 0]   # wordref's guesser
 
 
-class ScriptedPRM:
+class ScriptedPRM(Scorer):
     def score(self, pairs):
         return [0.1 if pair.candidate == JUNK else 0.5 + 0.4 * (pair.candidate != "GUESS: 1") for pair in pairs]
 

@@ -17,7 +17,7 @@ from clemprm.models import scoring
 from clemprm.stages import prm, prm_data, prm_evaluation, prm_metrics
 from clemprm.models.loader import ModelConfig
 from clemprm.play.chat import render_answered
-from clemprm.search import Pair
+from clemprm.play.contract import Pair
 from clemprm.training import schedule_factor, split_instances
 from tests.conftest import tiny_config
 

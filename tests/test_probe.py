@@ -15,7 +15,7 @@ from clemprm.models.scoring import shared_prefix_groups
 from clemprm.models.probe import CONFIG_NAME, WEIGHTS_NAME
 from clemprm.play.engine import RolloutEngine
 from clemprm.search.best_of_n import best_of_n
-from clemprm.search import Pair
+from clemprm.play.contract import Pair, Scorer
 from clemprm.stages import prm, probe
 from tests.test_search import JUNK, SAMPLING, catalog, seeded_policy, start  # noqa: F401 (fixtures)
 from tests.test_prm import (MARKER, NEGATIVE, POSITIVE, WORDS, prm_settings, soft_label_row, synthetic_rows,
@@ -58,12 +58,12 @@ def test_a_probe_fits_a_separable_signal_on_held_out_instances(fitted):
 
 
 def test_the_eval_loads_a_probe_for_best_of_n(fitted, test_cache_dir):
-    from clemprm.evaluation.evaluate import load_mode_scorer
+    from clemprm.evaluation.scorers import load_scorer
     from clemprm.modes import MODES
 
     adapter = str(fitted["dir"] / "adapter")
-    scorer, used = load_mode_scorer(MODES["best_of_n"], fitted["settings"], {"prm_adapter": adapter}, None,
-                                    test_cache_dir)
+    scorer, used = load_scorer(MODES["best_of_n"], fitted["settings"], {"prm_adapter": adapter}, None,
+                               test_cache_dir)
     pairs = pairs_of(fitted["rows"][:4])
     assert isinstance(scorer, prm_model.ProbeScorer) and used == adapter
     assert scorer.score(pairs) == pytest.approx(fitted["scorer"].score(pairs), abs=1e-6)
@@ -332,7 +332,7 @@ def test_best_of_n_with_a_probe_plays_the_chosen_answer(catalog, seeded_policy, 
     scorer = prm_model.load_prm(settings["model"], settings["prm"], str(tmp_path / "adapter"), test_cache_dir)
     proposed = {}
 
-    class RecordingPRM:
+    class RecordingPRM(Scorer):
         def score(self, pairs):
             for pair in pairs:
                 assert pair.reply is None and pair.accepted is None   # blind: no game saw the candidate

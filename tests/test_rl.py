@@ -18,11 +18,11 @@ from clemprm.play.contract import Sampling
 from clemprm.play.engine import RolloutEngine
 from clemprm.models.loader import ModelConfig, load_tokenizer_and_model
 from clemprm.rl import grpo, policy_adapter, policy_update, prime, trainer
-from clemprm.rl.implicit_scorer import load_implicit_prm
+from clemprm.evaluation.implicit_scorer import load_implicit_prm
 from clemprm.rl.logprobs import answer_logprobs, reference_logprobs, using_adapter
 from clemprm.models.scoring import selective_log_softmax
 from clemprm.rl.rollouts import Group, Sequence, Turn
-from clemprm.search import Pair
+from clemprm.play.contract import Pair
 from tests.conftest import tiny_config, train_tiny_sft
 
 # Only the answer 1 wins: one guess of a number from 1 to 2; "2" loses; anything else is a violation (abort).

@@ -11,7 +11,8 @@ from clemprm.play.catalog import GameCatalog
 from clemprm.play.contract import Sampling
 from clemprm.play.engine import RolloutEngine
 from clemprm.stats import derive_seed
-from clemprm.search import Pair, RandomScorer, RuleScorer
+from clemprm.play.contract import Pair, Scorer
+from clemprm.search import RandomScorer, RuleScorer
 from clemprm.search.beam_search import Beam, beam_search
 from clemprm.search.best_of_n import best_of_n
 from tests.conftest import binary_search_answer, tiny_config
@@ -20,7 +21,7 @@ SAMPLING = Sampling(temperature=0.7, max_new_tokens=16)
 JUNK = "I have no idea."
 
 
-class ScriptedPRM:
+class ScriptedPRM(Scorer):
     """A test double of :class:`clemprm.models.prm.PRMScorer`: ``score`` is ``value(messages, candidate)`` (what a
     fork shows aside); every call is recorded."""
 
@@ -307,7 +308,7 @@ def test_best_of_n_with_a_trained_prm_plays_the_marker_candidate(catalog, seeded
     episodes = start(engine, catalog.instances("oddoneout", "validation"), seeded_policy(answer))
     proposed = {}
 
-    class RecordingPRM:  # the trained scorer, recording what it was asked
+    class RecordingPRM(Scorer):  # the trained scorer, recording what it was asked
         def score(self, pairs):
             for pair in pairs:
                 proposed.setdefault(str(pair.perspective), set()).add(pair.candidate)

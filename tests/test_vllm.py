@@ -268,7 +268,7 @@ def test_the_server_scores_candidates_as_the_policy_s_weights_do(server, smollm2
     from clemprm.models.generation import PolicyModel
     from clemprm.models.loader import ModelConfig
     from clemprm.models.logprob import LogprobScorer
-    from clemprm.search import Pair
+    from clemprm.play.contract import Pair
 
     perspective = [{"role": "user", "content": "Guess a number between 1 and 10. Answer with GUESS: <number>."}]
     pairs = [Pair(perspective, candidate) for candidate in ("GUESS: 5", "GUESS: 9", "I think it is seven", "")]

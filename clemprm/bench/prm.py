@@ -37,7 +37,7 @@ import time
 from clemprm.bench import Figures
 from clemprm.models.loader import ModelConfig
 from clemprm.models.prm import PRMScorer, encode_pair
-from clemprm.search import Pair
+from clemprm.play.contract import Pair
 
 REPEATS_ITSELF = True
 

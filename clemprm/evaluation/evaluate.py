@@ -40,16 +40,16 @@ from clemprm import distributed, records, stats
 from clemprm.checks.run_time import (CONDITIONS, check_episodes, check_instances, failures_by_game, marks_metadata,
                                      read_failure_marks)
 from clemprm.config import provenance
+from clemprm.evaluation.scorers import MODEL_FREE_SCORERS, load_scorer
 from clemprm.evaluation.self_correct import evaluate_self_correct, self_correction_summary
 from clemprm.models.loader import policy_settings
-from clemprm.models.logprob import LogprobScorer
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
 from clemprm.play.catalog import GameCatalog
 from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
-from clemprm.play.contract import Sampling
+from clemprm.play.contract import Sampling, Scorer
 from clemprm.play.engine import RolloutEngine
 from clemprm.play.episode import Episode
-from clemprm.search import RandomScorer, RuleScorer, SearchCost, greedy_cost
+from clemprm.search import SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
 from clemprm.stages.rollouts import summarize
@@ -70,7 +70,7 @@ def mode_sampling(mode: EvalMode, eval_settings: dict) -> Sampling:
     return Sampling(0.0, 1.0, eval_settings["max_new_tokens"])
 
 
-def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer,
+def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer: Scorer | None,
          eval_settings: dict) -> tuple[list[Episode], list[SearchCost]]:
     """Play the started ``episodes`` in ``mode``: the episodes that count, and what each one cost."""
     if mode.search == "best_of_n":
@@ -88,15 +88,6 @@ def play(mode: EvalMode, engine: RolloutEngine, episodes: list[Episode], scorer,
     return episodes, [greedy_cost(episode) for episode in episodes]
 
 
-MODEL_FREE_SCORERS = ("random", "rule")   # controls that score with no model
-
-
-def required_input(mode: EvalMode, inputs: dict, name: str) -> str:
-    if not inputs.get(name):
-        raise ValueError(f"eval mode {mode.name} needs its {name} ({mode.inputs[name]}): give it")
-    return str(inputs[name])
-
-
 def load_mode_policy(mode: EvalMode, settings: dict, inputs: dict, cache_dir: str | None):
     """The policy ``mode`` plays: the base model, the merged SFT checkpoint, or the base with the SFT or RL adapter."""
     from clemprm.models.generation import load_policy   # torch: imported by the jobs that play
@@ -104,36 +95,10 @@ def load_mode_policy(mode: EvalMode, settings: dict, inputs: dict, cache_dir: st
     if mode.policy == "base":
         return load_policy(settings["model"], cache_dir)
     if mode.policy == "merged":
-        merged = required_input(mode, inputs, "merged_model")
+        merged = mode.required_input(inputs, "merged_model")
         return load_policy({**settings["model"], "spec": merged, "adapter": None}, cache_dir)
-    adapter = required_input(mode, inputs, "rl_adapter" if mode.policy == "rl" else "sft_adapter")
+    adapter = mode.required_input(inputs, "rl_adapter" if mode.policy == "rl" else "sft_adapter")
     return load_policy(policy_settings(settings["model"], adapter), cache_dir)
-
-
-def load_mode_scorer(mode: EvalMode, settings: dict, inputs: dict, policy, cache_dir: str | None):
-    """``(scorer, its adapter)`` ranking ``mode``'s candidates (None for greedy play)."""
-    if mode.scorer == "random":
-        return RandomScorer(settings["seed"]), None
-    if mode.scorer == "rule":
-        return RuleScorer(), None
-    if mode.scorer == "logprob":
-        return LogprobScorer(policy), None
-    if mode.scorer == "prm":
-        from clemprm.models.prm import load_prm
-
-        adapter = required_input(mode, inputs, "prm_adapter")
-        if settings["prm"]["input"] != mode.prm_input:
-            raise ValueError(f"eval mode {mode.name} ({mode.regime}) needs a PRM trained on '{mode.prm_input}', but "
-                             f"prm.input is '{settings['prm']['input']}'")
-        return load_prm(settings["model"], settings["prm"], adapter, cache_dir), adapter
-    if mode.scorer == "implicit":
-        from clemprm.rl.implicit_scorer import load_implicit_prm
-
-        rl_adapter = required_input(mode, inputs, "rl_adapter")
-        scorer = load_implicit_prm(settings["model"], rl_adapter, required_input(mode, inputs, "sft_adapter"),
-                                   settings["rl"]["prime"]["beta"], cache_dir)
-        return scorer, f"{rl_adapter}/prm"
-    return None, None
 
 
 def stats_dict(stats) -> dict | None:
@@ -143,18 +108,19 @@ def stats_dict(stats) -> dict | None:
     return stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
 
 
-def run_info(mode: str, seconds: float, policy, prm, prm_adapter: str | None) -> dict:
+def run_info(mode: str, seconds: float, policy, prm: Scorer | None, prm_adapter: str | None) -> dict:
     """What the summary reports of a mode's run: its regime, wall seconds of play, the policy and the PRM with their
     counters."""
     cfg = getattr(policy, "cfg", None)
     return {"mode": mode, "regime": MODES[mode].regime, "wall_seconds": round(seconds, 3),
             "policy": {"name": policy.name, "spec": getattr(cfg, "spec", None),
                        "adapter": getattr(cfg, "adapter", None), "stats": stats_dict(getattr(policy, "stats", None))},
-            "prm": None if prm is None else {"adapter": prm_adapter, "stats": stats_dict(getattr(prm, "stats", None))}}
+            "prm": None if prm is None else {"adapter": prm_adapter, "stats": stats_dict(prm.stats)}}
 
 
-def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None = None, *, policy=None, prm=None,
-                  on_failure: str = "stop", clembench_dir: str | None = None, **inputs: str | None) -> list[dict]:
+def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None = None, *, policy=None,
+                  prm: Scorer | None = None, on_failure: str = "stop", clembench_dir: str | None = None,
+                  **inputs: str | None) -> list[dict]:
     """Play the ``eval.split`` instances of every configured game in mode ``name``; write the per-episode parquet
     and, given ``clembench_dir`` (``results/clembench/<mode>``), the episodes as a clembench results tree there
     (:mod:`clemprm.play.clembench_tree`: one run folder ``<policy>-<mode>``, which clemcore's ``clem score``,
@@ -179,10 +145,7 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
     instances = catalog.all_instances(eval_settings["split"])
     policy = policy or load_mode_policy(mode, settings, inputs, cache_dir)
-    if prm is not None and mode.scorer not in (None, *MODEL_FREE_SCORERS):
-        scorer, scorer_adapter = prm, inputs.get("prm_adapter")
-    else:
-        scorer, scorer_adapter = load_mode_scorer(mode, settings, inputs, policy, cache_dir)
+    scorer, scorer_adapter = load_scorer(mode, settings, inputs, policy, cache_dir, given=prm)
     engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
     log.info("eval %s: %d %s instances x %d episodes, policy %s", name, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)

@@ -14,6 +14,7 @@ from clemprm.models.scoring import (MIN_SHARED_TOKENS, ScorerStats, forward_on_s
                                     micro_batches, pad_left, prefix_sharing_problem, selective_log_softmax,
                                     shared_prefix_groups)
 from clemprm.play.chat import end_token_ids
+from clemprm.play.contract import Pair, Scorer
 
 
 def mean_logprobs(policy, pairs: list[tuple[list[dict], str]], stats: ScorerStats | None = None) -> list[float]:
@@ -97,8 +98,8 @@ def _prompt_key(prefix: list[dict]) -> tuple:
     return tuple((m["role"], m["content"]) for m in prefix)
 
 
-class LogprobScorer:
-    """A scorer for :mod:`clemprm.search` (``score(pairs)``) that ranks candidates by :func:`mean_logprobs`
+class LogprobScorer(Scorer):
+    """A scorer for :mod:`clemprm.search` that ranks candidates by :func:`mean_logprobs`
     of ``policy``: the ``best_of_n_logprob`` and ``beam_search_logprob`` eval modes."""
 
     log_scale = True   # scores are log-probabilities: beam search's ``prod`` adds them (clemprm.search.beam_search)
@@ -107,8 +108,8 @@ class LogprobScorer:
         self.policy = policy
         self.stats = ScorerStats()
 
-    def score(self, pairs: list) -> list[float]:
-        """The policy's mean log-probability of each candidate after its perspective (:class:`clemprm.search.Pair`;
+    def score(self, pairs: list[Pair]) -> list[float]:
+        """The policy's mean log-probability of each candidate after its perspective (:class:`Pair`;
         what a fork shows plays no part)."""
         start = time.perf_counter()
         scores = mean_logprobs(self.policy, [(pair.perspective, pair.candidate) for pair in pairs], self.stats)

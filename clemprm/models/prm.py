@@ -39,6 +39,7 @@ from clemprm.models.probe import ProbeFeatures, ProbeHead, policy_model_config, 
 from clemprm.models.scoring import (PrefixGroup, ScorerStats, forward_on_shared_prefixes, group_batches, micro_batches,
                                     pad_right, prefix_sharing_problem, shared_prefix_groups)
 from clemprm.play.chat import render_answered
+from clemprm.play.contract import Pair, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ def encode_pair(tokenizer, prefix: list[dict], candidate: str, reply: str, chat_
     return ids[-max_length:], len(ids) > max_length
 
 
-class PRMScorer:
-    """P(success) of :class:`clemprm.search.Pair` from the PRM (base + adapter ``cfg.adapter``), reading what it was
+class PRMScorer(Scorer):
+    """P(success) of :class:`Pair` from the PRM (base + adapter ``cfg.adapter``), reading what it was
     trained on (``input``: the candidate, or the candidate with the game's reply).
 
     ``token_budget`` (default ``cfg.token_budget``) bounds the padded tokens of one forward pass; pairs are
@@ -82,8 +83,8 @@ class PRMScorer:
             log.info("prm %s: every pair scored in full, without shared prefixes: %s", cfg.short_name, problem)
             self.share_prefixes = False
 
-    def score(self, pairs: list) -> list[float]:
-        """P(success) for each :class:`~clemprm.search.Pair` (perspective, candidate and, for a PRM that reads it,
+    def score(self, pairs: list[Pair]) -> list[float]:
+        """P(success) for each :class:`Pair` (perspective, candidate and, for a PRM that reads it,
         the game's reply); pairs with the same perspective share their common token prefix; length-sorted
         micro-batches under a token budget, left truncation."""
         reads_reply = self.input == "candidate_with_reply"

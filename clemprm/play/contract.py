@@ -1,14 +1,16 @@
 """The engine's contract with a model: what a model is asked (:class:`Sampling`), what one answer holds
-(:class:`Generation`), and the error that says nothing can generate any more (:class:`BackendError`).
+(:class:`Generation`), and the error that says nothing can generate any more (:class:`BackendError`); and the
+searches' contract with a scorer: what it sees of a candidate (:class:`Pair`) and what it answers (:class:`Scorer`).
 
 A model is any object with a ``name`` and ``generate(perspectives, seeds=..., temperature=..., top_p=...,
 max_new_tokens=...) -> list[Generation]`` (:class:`clemprm.models.generation.PolicyModel`, or a scripted policy
-in tests). The models import this module, not the engine.
+in tests). The models and the scorers import this module, not the engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 
 @dataclass
@@ -42,3 +44,33 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 64
+
+
+class Pair(NamedTuple):
+    """What a scorer sees of one candidate: the perspective of the player who answers and the candidate; in
+    lookahead also what the candidate's fork shows: the game's reply to it
+    (:meth:`clemprm.play.engine.RolloutEngine.game_reply`, ``Game over: won|lost|aborted.`` when it ended the game)
+    and whether the game accepted it. Blind pairs have ``reply`` and ``accepted`` None. ``slot``: the candidate's
+    index among the turn's N samples (what a random pick draws; a model scores the text and ignores it)."""
+
+    perspective: list[dict]
+    candidate: str
+    reply: str | None = None
+    accepted: bool | None = None
+    slot: int = 0
+
+
+class Scorer(Protocol):
+    """What ranks a search's candidates (:mod:`clemprm.search`), declared by every scorer: the PRM of either kind
+    (:class:`clemprm.models.prm.PRMScorer`), the policy's own mean token log-probability
+    (:class:`clemprm.models.logprob.LogprobScorer`), the random and rule controls (:class:`clemprm.search.RandomScorer`,
+    :class:`clemprm.search.RuleScorer`) and PRIME's implicit PRM
+    (:class:`clemprm.evaluation.implicit_scorer.ImplicitPRMScorer`); an eval mode gets its scorer from
+    :func:`clemprm.evaluation.scorers.load_scorer`. A search step makes one ``score`` call for all its candidates."""
+
+    log_scale: bool = False   # the scores are log-probabilities: beam search's ``prod`` adds them
+    stats = None              # running counters with ``as_dict()``, reported with a mode's run; None: no model
+
+    def score(self, pairs: list[Pair]) -> list[float]:
+        """One score per pair, in order; the highest is the pick."""
+        ...

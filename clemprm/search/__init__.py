@@ -14,33 +14,20 @@ One short module per strategy; greedy play is the engine's plain :meth:`~clemprm
 * :func:`clemprm.search.beam_search.beam_search`: beams are forked games; every beam's N continuations are
   ranked and the best ``beam_width`` survive (lookahead only: every beam's game answered its answers).
 
-A scorer is any object with ``score(pairs) -> list[float]`` over :class:`Pair` (:class:`clemprm.models.prm.PRMScorer`,
-:class:`RandomScorer` and :class:`RuleScorer` for the controls, :class:`clemprm.models.logprob.LogprobScorer` for the
-policy's own mean token log-probability, or a scripted scorer in tests). Every search step makes one ``propose`` call
-(one ``generate`` call per model) and one ``score`` call for all games together.
+A scorer is a :class:`clemprm.play.contract.Scorer`: ``score(pairs) -> list[float]`` over
+:class:`~clemprm.play.contract.Pair` (the PRM, the policy's own log-probability, PRIME's implicit PRM, and here
+:class:`RandomScorer` and :class:`RuleScorer` for the controls). Every search step makes one ``propose`` call (one
+``generate`` call per model) and one ``score`` call for all games together.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
+from clemprm.play.contract import Pair, Scorer
 from clemprm.play.engine import rule_score
 from clemprm.stats import derive_seed
-
-class Pair(NamedTuple):
-    """What a scorer sees of one candidate: the perspective of the player who answers and the candidate; in
-    lookahead also what the candidate's fork shows: the game's reply to it (:meth:`RolloutEngine.game_reply`,
-    ``Game over: won|lost|aborted.`` when it ended the game) and whether the game accepted it. Blind pairs have
-    ``reply`` and ``accepted`` None. ``slot``: the candidate's index among the turn's N samples (what a random pick
-    draws; a model scores the text and ignores it)."""
-
-    perspective: list[dict]
-    candidate: str
-    reply: str | None = None
-    accepted: bool | None = None
-    slot: int = 0
 
 
 @dataclass
@@ -58,14 +45,12 @@ class SearchCost:
         self.nodes += len(candidates)
 
 
-class RandomScorer:
+class RandomScorer(Scorer):
     """The control for a PRM: a uniform random score per candidate slot, a function of ``seed``, the turn (the
     perspective) and the slot alone, never of the text, so a search with it plays one of the N samples at random:
     an answer the policy gave twice is picked twice as often (the policy's own distribution; a score of the text
     would pick uniformly over distinct answers). It picks among the very candidates the PRM-guided search saw (no
     model, no cost)."""
-
-    stats = None
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -75,12 +60,10 @@ class RandomScorer:
                             pair.slot) / 2 ** 63 for pair in pairs]
 
 
-class RuleScorer:
+class RuleScorer(Scorer):
     """The control for a search that reads the fork (lookahead): :func:`clemprm.play.engine.rule_score` of each
     pair, no model. Ties go the way every search breaks them (to the first candidate: a sample as random as any
     other)."""
-
-    stats = None
 
     def score(self, pairs: list[Pair]) -> list[float]:
         if any(pair.accepted is None for pair in pairs):
@@ -100,7 +83,8 @@ def greedy_cost(episode) -> SearchCost:
     return SearchCost(policy_tokens=sum(turn["new_tokens"] for turn in episode.turns), nodes=len(episode.turns))
 
 
-def _score_slots(prm, proposals: list[list], pairs: list[Pair], slots: list[tuple[int, int]]) -> list[list[float]]:
+def _score_slots(prm: Scorer, proposals: list[list], pairs: list[Pair],
+                 slots: list[tuple[int, int]]) -> list[list[float]]:
     """Every candidate's score, -inf where no pair was made (a failed generation: it wins only when all failed)."""
     scores = [[-math.inf] * len(candidates) for candidates in proposals]
     for (index, j), score in zip(slots, prm.score(pairs) if pairs else []):
@@ -108,7 +92,7 @@ def _score_slots(prm, proposals: list[list], pairs: list[Pair], slots: list[tupl
     return scores
 
 
-def score_blind(engine, prm, episodes: list, proposals: list[list]) -> list[list[float]]:
+def score_blind(engine, prm: Scorer, episodes: list, proposals: list[list]) -> list[list[float]]:
     """The scorer's score of every candidate of every episode, in one ``score`` call, on the perspective of the
     player the episode waits for and the candidate alone: no game sees any of them."""
     pairs, slots = [], []
@@ -121,7 +105,7 @@ def score_blind(engine, prm, episodes: list, proposals: list[list]) -> list[list
     return _score_slots(prm, proposals, pairs, slots)
 
 
-def score_forks(engine, prm, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
+def score_forks(engine, prm: Scorer, episodes: list, proposals: list[list], children: list[list]) -> list[list[float]]:
     """Lookahead: the scorer's score of every candidate of every episode, in one ``score`` call, with what its fork
     (``children``, from ``engine.play_each``) shows: the game's reply and its verdict on the answer. A candidate the
     game failed on is not scored (-inf)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clemprm.play.contract import Sampling
+from clemprm.play.contract import Sampling, Scorer
 from clemprm.play.engine import Progress, RolloutEngine
 from clemprm.play.episode import Episode
 from clemprm.stats import derive_seed
@@ -67,19 +67,19 @@ def expand(beam: Beam, candidates: list, children: list[Episode], scores: list[f
             for j, (child, score) in enumerate(zip(children, scores))]
 
 
-def beam_search(engine: RolloutEngine, roots: list[Episode], prm, *, n: int, beam_width: int, iterations: int,
-                sampling: Sampling, aggregation: str = "last",
+def beam_search(engine: RolloutEngine, roots: list[Episode], prm: Scorer, *, n: int, beam_width: int,
+                iterations: int, sampling: Sampling, aggregation: str = "last",
                 label: str = "beam_search") -> tuple[list[Episode], list[SearchCost]]:
     """Search every root game; return the chosen trajectory per root (under the root's id and seed) and its cost,
     whose ``choices`` are those on the chosen trajectory.
 
     Each iteration: one ``propose`` call for all live beams of all games and one PRM call for all their
-    distinct candidates. A scorer whose scores are log-probabilities says so (``log_scale``), and ``prod`` then
+    distinct candidates. A scorer whose scores are log-probabilities says so (``Scorer.log_scale``), and ``prod`` then
     multiplies the probabilities they stand for (:meth:`Beam.score`).
     """
-    log_scale = getattr(prm, "log_scale", False)
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown beam score aggregation {aggregation!r} (known: {', '.join(AGGREGATIONS)})")
+    log_scale = prm.log_scale
     costs = [SearchCost() for _ in roots]
     live = [[] if root.done else [Beam(root)] for root in roots]
     finished = [[Beam(root)] if root.done else [] for root in roots]

@@ -7,13 +7,13 @@ shows (:func:`clemprm.search.score_forks`); the chosen fork goes on.
 
 from __future__ import annotations
 
-from clemprm.play.contract import Sampling
+from clemprm.play.contract import Sampling, Scorer
 from clemprm.play.engine import Progress, RolloutEngine
 from clemprm.play.episode import Episode
 from clemprm.search import SearchCost, choice, score_blind, score_forks
 
 
-def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm, n: int, sampling: Sampling,
+def best_of_n(engine: RolloutEngine, episodes: list[Episode], prm: Scorer, n: int, sampling: Sampling,
               label: str = "best_of_n", lookahead: bool = False) -> list[SearchCost]:
     """Play ``episodes`` to the end, each turn choosing among ``n`` candidates by score; return each one's cost.
     With ``lookahead`` an episode of the list is replaced by the fork its chosen candidate was played in (same id

@@ -19,6 +19,7 @@ import torch
 
 from clemprm.models.scoring import Counters
 from clemprm.play.chat import end_of_turn_text, end_token_ids, render_prompt
+from clemprm.play.contract import Pair, Scorer
 from clemprm.rl.prime import ImplicitPRM
 from clemprm.rl.rollouts import Turn
 
@@ -35,7 +36,7 @@ class ImplicitStats(Counters):
     seconds: float = 0.0
 
 
-class ImplicitPRMScorer:
+class ImplicitPRMScorer(Scorer):
     """``score(pairs) -> [beta * sum log-ratio]`` for (perspective messages, candidate) pairs."""
 
     def __init__(self, cfg, sft_adapter: str, beta: float):
@@ -59,8 +60,8 @@ class ImplicitPRMScorer:
         answer = self.tokenizer(candidate + self.end_text, add_special_tokens=False)["input_ids"]
         return Turn(prompt, answer)
 
-    def score(self, pairs: list) -> list[float]:
-        """The implicit PRM's reward of each candidate after its perspective (:class:`clemprm.search.Pair`; what a
+    def score(self, pairs: list[Pair]) -> list[float]:
+        """The implicit PRM's reward of each candidate after its perspective (:class:`Pair`; what a
         fork shows plays no part)."""
         start = time.perf_counter()
         turns = [self.turn(pair.perspective, pair.candidate) for pair in pairs]
