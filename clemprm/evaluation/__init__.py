@@ -4,6 +4,8 @@
   into ``results/prm_eval.json`` (schema: ``prm_eval.schema.json`` here).
 * :mod:`clemprm.evaluation.self_correct`: eval mode ``self_correct`` (SCoRe's two attempts, SFT and SCoRe policy)
   and its ``self_correction`` summary.
+* :mod:`clemprm.evaluation.scorers`: :func:`~clemprm.evaluation.scorers.load_scorer`, the one factory of every
+  mode's scorer; :mod:`clemprm.evaluation.implicit_scorer`: PRIME's implicit PRM as a scorer.
 * :mod:`clemprm.evaluation.report`: the figures of the Snakemake report.
 * :mod:`clemprm.evaluation.transcript`: episode transcripts and a search's choices as HTML pages of the report.
 * :mod:`clemprm.evaluation.inspect`: ``clemprm inspect``, a summary of any record file.

@@ -36,23 +36,21 @@ import jsonschema
 import numpy as np
 import pandas as pd
 
-from clemprm import distributed, records, stats
-from clemprm.checks.run_time import (CONDITIONS, check_episodes, check_instances, failures_by_game, marks_metadata,
-                                     read_failure_marks)
+from clemprm import records, stats
+from clemprm.checks.run_time import CONDITIONS, failures_by_game, read_failure_marks
 from clemprm.config import provenance
 from clemprm.evaluation.scorers import MODEL_FREE_SCORERS, load_scorer
 from clemprm.evaluation.self_correct import evaluate_self_correct, self_correction_summary
 from clemprm.models.loader import policy_settings
 from clemprm.modes import MODES, SELF_CORRECT, EvalMode
-from clemprm.play.catalog import GameCatalog
-from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
+from clemprm.play.clembench_tree import model_infos, run_dir_name
 from clemprm.play.contract import Sampling, Scorer
 from clemprm.play.engine import RolloutEngine
 from clemprm.play.episode import Episode
 from clemprm.search import SearchCost, greedy_cost
 from clemprm.search.beam_search import beam_search
 from clemprm.search.best_of_n import best_of_n
-from clemprm.stages.rollouts import summarize
+from clemprm.stages.rollouts import Played, RunFolder, describer, play_split, summarize
 from clemprm.stats import OVERALL
 
 log = logging.getLogger(__name__)
@@ -141,45 +139,41 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
                                      score_adapter=inputs.get("score_adapter"), on_failure=on_failure,
                                      clembench_dir=clembench_dir)
     eval_settings = settings["eval"]
-    catalog = GameCatalog(settings["games"], settings["seed"])
-    split_marks = check_instances(f"eval {name}", catalog, eval_settings["split"], on_failure)
-    instances = catalog.all_instances(eval_settings["split"])
+    return play_split(f"eval {name}", settings, eval_settings["split"], mode_sampling(mode, eval_settings),
+                      lambda engine, instances: play_mode(mode, settings, inputs, cache_dir, engine, instances,
+                                                          policy=policy, prm=prm, clembench_dir=clembench_dir),
+                      output, records.EVAL_EPISODES, on_failure=on_failure, clembench_dir=clembench_dir)
+
+
+def play_mode(mode: EvalMode, settings: dict, inputs: dict, cache_dir: str | None, engine: RolloutEngine,
+              instances: list, *, policy, prm: Scorer | None, clembench_dir: str | None) -> tuple[list[Played], dict]:
+    """:func:`evaluate_mode`'s play (:func:`clemprm.stages.rollouts.play_split`): the mode's policy (unless given)
+    and scorer loaded, ``instances`` played in the mode; its episodes and its run (:func:`run_info`)."""
+    eval_settings = settings["eval"]
     policy = policy or load_mode_policy(mode, settings, inputs, cache_dir)
     scorer, scorer_adapter = load_scorer(mode, settings, inputs, policy, cache_dir, given=prm)
-    engine = RolloutEngine(catalog, mode_sampling(mode, eval_settings))
-    log.info("eval %s: %d %s instances x %d episodes, policy %s", name, len(instances), eval_settings["split"],
+    log.info("eval %s: %d %s instances x %d episodes, policy %s", mode.name, len(instances), eval_settings["split"],
              eval_settings["episodes_per_instance"], policy.name)
     start = time.perf_counter()
-    run_dir, infos = run_dir_name(policy.name, name, mode.regime), model_infos(policy, engine.sampling)
-    repeats = eval_settings["episodes_per_instance"]
+    run_dir, infos = run_dir_name(policy.name, mode.name, mode.regime), model_infos(policy, engine.sampling)
 
-    def play_share(share: list) -> list[list[tuple[dict, dict | None]]]:
-        """This process's share of the instances, played: per instance, its episodes' rows and results-tree entries."""
-        # one stage name for every mode: the same episode seeds, so modes pair episode by episode
-        started = engine.start_all(share, [policy], repeats=repeats, base_seed=settings["seed"], stage="eval")
+    def searched(started: list[Episode]) -> tuple[list[Episode], list[dict]]:
         episodes, costs = play(mode, engine, started, scorer, eval_settings)
-        played = [({**episode.record(policy.name, engine.sampling), "mode": name, "policy_tokens": cost.policy_tokens,
-                    "prm_pairs": cost.prm_pairs, "search_nodes": cost.nodes, "choices": cost.choices},
-                   episode_entry(episode, run_dir, infos) if clembench_dir is not None else None)
-                  for episode, cost in zip(episodes, costs)]
-        return [played[index:index + repeats] for index in range(0, len(played), repeats)]
+        return episodes, [{"mode": mode.name, "policy_tokens": cost.policy_tokens, "prm_pairs": cost.prm_pairs,
+                           "search_nodes": cost.nodes, "choices": cost.choices} for cost in costs]
 
-    played = [pair for pairs in distributed.map_split(instances, play_share) for pair in pairs]
+    # one stage name for every mode: the same episode seeds, so modes pair episode by episode
+    described = engine.play_described(instances, [policy], repeats=eval_settings["episodes_per_instance"],
+                                      base_seed=settings["seed"], stage="eval", policy_name=policy.name,
+                                      describe=describer(clembench_dir, run_dir, infos), play=searched)
     seconds = time.perf_counter() - start
-    rows = [row for row, _ in played]
-    log.info("eval %s: %d episodes in %.0f s\n%s", name, len(rows), seconds,
+    rows = [row for row, _ in described]
+    log.info("eval %s: %d episodes in %.0f s\n%s", mode.name, len(rows), seconds,
              summarize(rows) if rows else "(no episode)")
-    marks = split_marks + check_episodes(f"eval {name}", rows, on_failure)
-    run = run_info(name, seconds, policy, None if mode.scorer in MODEL_FREE_SCORERS else scorer, scorer_adapter)
-    records.write_records(output, rows, records.EVAL_EPISODES,
-                          {**provenance(settings), "run": run, **marks_metadata(marks)})
-    log.info("eval %s -> %s", name, output)
-    if clembench_dir is not None:
-        tree = write_results_tree(clembench_dir, run_dir, [entry for _, entry in played], infos=infos,
-                                  info={"mode": name, "regime": mode.regime, "split": eval_settings["split"],
-                                        "wall_seconds": run["wall_seconds"]})
-        log.info("eval %s -> %s (clembench results tree)", name, tree)
-    return rows
+    run = run_info(mode.name, seconds, policy, None if mode.scorer in MODEL_FREE_SCORERS else scorer, scorer_adapter)
+    folder = RunFolder(run_dir, infos, {"mode": mode.name, "regime": mode.regime, "split": eval_settings["split"],
+                                        "wall_seconds": run["wall_seconds"]}, [entry for _, entry in described])
+    return [Played(f"eval {mode.name}", rows, [folder])], run
 
 
 # ------------------------------------------------------------------------------------------------ metrics

@@ -24,15 +24,13 @@ import numpy as np
 import pandas as pd
 
 from clemprm import records, stats
-from clemprm.play.catalog import GameCatalog
-from clemprm.play.clembench_tree import episode_entry, model_infos, run_dir_name, write_results_tree
-from clemprm.checks.run_time import check_episodes, check_instances, marks_metadata
-from clemprm.config import provenance
+from clemprm.play.clembench_tree import model_infos, run_dir_name
 from clemprm.play.contract import Sampling
 from clemprm.play.engine import RolloutEngine
-from clemprm.stats import OVERALL, derive_seed
 from clemprm.rl.attempts import score_games_config, start_second_attempt
 from clemprm.search import greedy_cost
+from clemprm.stages.rollouts import Played, RunFolder, describer, play_split
+from clemprm.stats import OVERALL, derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +41,11 @@ METRICS = ("accuracy_t1", "accuracy_t2", "delta_t1_t2", "delta_i_to_c", "delta_c
 
 
 def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, settings: dict,
-                      played: dict | None = None) -> list[dict]:
-    """Attempt 1, then attempt 2, of every instance with ``policy``, greedy; the rows of both. ``played``, when
-    given, gets the episodes of each attempt (``{1: [...], 2: [...]}``)."""
+                      clembench_dir: str | None = None) -> Played:
+    """Attempt 1, then attempt 2, of every instance with ``policy``, greedy: the rows of both, and a run folder per
+    attempt (``<policy>-self_correct_<role>_attempt<1|2>``)."""
     eval_settings, seed = settings["eval"], settings["seed"]
+    infos = model_infos(policy, engine.sampling)
     first = engine.start_all(instances, [policy], repeats=eval_settings["episodes_per_instance"], base_seed=seed,
                              stage="eval")
     engine.run(first, label=f"{MODE} {role} attempt 1")
@@ -56,16 +55,19 @@ def play_two_attempts(engine: RolloutEngine, policy, instances, *, role: str, se
                                    settings["score"]["instruction"])
               for episode, row in zip(first, first_rows)]
     engine.run(second, label=f"{MODE} {role} attempt 2")
-    if played is not None:
-        played.update({1: first, 2: second})
-    rows = []
+    rows, folders = [], []
     for attempt, episodes, attempt_rows in ((1, first, first_rows),
                                             (2, second, [e.record(policy.name, engine.sampling) for e in second])):
+        run_dir = run_dir_name(policy.name, f"{MODE}_{role}_attempt{attempt}")
+        describe = describer(clembench_dir, run_dir, infos)
         for episode, row in zip(episodes, attempt_rows):
             cost = greedy_cost(episode)
             rows.append({**row, "mode": MODE, "policy_tokens": cost.policy_tokens, "prm_pairs": 0,
                          "search_nodes": cost.nodes, "attempt": attempt, "policy_role": role})
-    return rows
+        folders.append(RunFolder(run_dir, infos, {"mode": MODE, "policy_role": role, "attempt": attempt,
+                                                  "split": eval_settings["split"]},
+                                 [describe(episode) if describe else None for episode in episodes]))
+    return Played(f"eval {MODE} ({role})", rows, folders)
 
 
 def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = None, *, sft_adapter: str | None,
@@ -76,56 +78,52 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
     (tests). ``clembench_dir``: where the episodes go as a clembench results tree
     (:mod:`clemprm.play.clembench_tree`), one run folder per policy and attempt,
     ``<policy>-self_correct_<sft|score>_attempt<1|2>``."""
-    from clemprm.models.generation import load_policy
-    from clemprm.models.loader import policy_settings
-
     eval_settings = settings["eval"]
-    catalog = GameCatalog(score_games_config(settings["games"], settings["score"]["games"]), settings["seed"])
-    marks = check_instances(f"eval {MODE}", catalog, eval_settings["split"], on_failure)
-    instances = catalog.all_instances(eval_settings["split"])
-    engine = RolloutEngine(catalog, Sampling(0.0, 1.0, eval_settings["max_new_tokens"]))
     adapters = {"sft": sft_adapter, "score": score_adapter}
-    rows, run_policies = [], {}
-    start = time.perf_counter()
-    for role in ROLES:
+
+    def load(role: str):
+        from clemprm.models.generation import load_policy
+        from clemprm.models.loader import policy_settings
+
         if policies is not None:
-            policy = policies[role]
-        elif not adapters[role]:
+            return policies[role]
+        if not adapters[role]:
             raise ValueError(f"eval mode {MODE} plays the {role} policy: give its adapter folder")
-        else:
-            policy = load_policy(policy_settings(settings["model"], adapters[role]), cache_dir)
-        log.info("eval %s: %s policy %s, %d %s instances x %d episodes x 2 attempts", MODE, role, policy.name,
-                 len(instances), eval_settings["split"], eval_settings["episodes_per_instance"])
-        role_start = time.perf_counter()
-        episodes: dict = {}
-        played = play_two_attempts(engine, policy, instances, role=role, settings=settings, played=episodes)
-        rows += played
-        if clembench_dir is not None:
-            for attempt, attempt_episodes in episodes.items():
-                mode = f"{MODE}_{role}_attempt{attempt}"
-                run_dir, infos = run_dir_name(policy.name, mode), model_infos(policy, engine.sampling)
-                write_results_tree(clembench_dir, run_dir, [episode_entry(e, run_dir, infos) for e in attempt_episodes],
-                                   infos=infos, info={"mode": MODE, "policy_role": role, "attempt": attempt,
-                                                      "split": eval_settings["split"]})
-        stats = getattr(policy, "stats", None)
-        run_policies[role] = {"name": policy.name, "adapter": adapters[role],
-                              "wall_seconds": round(time.perf_counter() - role_start, 3),
-                              "stats": stats.as_dict() if hasattr(stats, "as_dict") else None}
-        marks += check_episodes(f"eval {MODE} ({role})", played, on_failure)
-        del policy, episodes   # the episodes' players hold the policy too
-    seconds = time.perf_counter() - start
-    summary = self_correction_summary(rows, samples=1, seed=settings["seed"], ci=0.95)
+        return load_policy(policy_settings(settings["model"], adapters[role]), cache_dir)
+
+    def play(engine: RolloutEngine, instances: list) -> tuple[list[Played], dict]:
+        played, run_policies = [], {}
+        start = time.perf_counter()
+        for role in ROLES:
+            policy = load(role)
+            log.info("eval %s: %s policy %s, %d %s instances x %d episodes x 2 attempts", MODE, role, policy.name,
+                     len(instances), eval_settings["split"], eval_settings["episodes_per_instance"])
+            role_start = time.perf_counter()
+            played.append(play_two_attempts(engine, policy, instances, role=role, settings=settings,
+                                            clembench_dir=clembench_dir))
+            stats = getattr(policy, "stats", None)
+            run_policies[role] = {"name": policy.name, "adapter": adapters[role],
+                                  "wall_seconds": round(time.perf_counter() - role_start, 3),
+                                  "stats": stats.as_dict() if hasattr(stats, "as_dict") else None}
+            del policy   # before the next role's policy is loaded
+        log_summary([row for part in played for row in part.rows], settings["seed"])
+        return played, {"mode": MODE, "wall_seconds": round(time.perf_counter() - start, 3), "policies": run_policies}
+
+    return play_split(f"eval {MODE}", settings, eval_settings["split"],
+                      Sampling(0.0, 1.0, eval_settings["max_new_tokens"]), play, output,
+                      records.SELF_CORRECT_EPISODES, on_failure=on_failure, clembench_dir=clembench_dir,
+                      games=score_games_config(settings["games"], settings["score"]["games"]))
+
+
+def log_summary(rows: list[dict], seed: int) -> None:
+    """Each policy's overall accuracy and % played at attempts 1 and 2 (a point estimate: one bootstrap draw)."""
+    summary = self_correction_summary(rows, samples=1, seed=seed, ci=0.95)
     for role, entry in summary["policies"].items():
         overall = entry["results"][OVERALL]
         log.info("eval %s %s: accuracy t1 %.1f%% -> t2 %.1f%% (i->c %.1f, c->i %.1f), played %.1f%% -> %.1f%%", MODE,
                  role, *(overall[metric]["value"] or 0.0 for metric in
                          ("accuracy_t1", "accuracy_t2", "delta_i_to_c", "delta_c_to_i", "percent_played_t1",
                           "percent_played_t2")))
-    run = {"mode": MODE, "wall_seconds": round(seconds, 3), "policies": run_policies}
-    records.write_records(output, rows, records.SELF_CORRECT_EPISODES,
-                          {**provenance(settings), "run": run, **marks_metadata(marks)})
-    log.info("eval %s -> %s", MODE, output)
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------ metrics

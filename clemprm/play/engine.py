@@ -322,15 +322,21 @@ class RolloutEngine:
                                                       stage=stage, policy_name=policy_name, describe=None)]
 
     def play_described(self, instances: list[Instance], models: list, *, repeats: int, base_seed: int, stage: str,
-                       policy_name: str, describe) -> list[tuple[dict, object]]:
+                       policy_name: str, describe, play=None) -> list[tuple[dict, object]]:
         """:meth:`play`, each record paired with ``describe(episode)`` of the played episode (None without
         ``describe``): e.g. its clembench results-tree entry (:func:`clemprm.play.clembench_tree.episode_entry`),
-        which needs the live episode; picklable, as every process gets every pair."""
+        which needs the live episode; picklable, as every process gets every pair. ``play(episodes) -> (episodes,
+        fields)``, when given, plays the started episodes instead of :meth:`run` (a search): the episodes that count,
+        in order, and per episode the fields its record gets besides the episode's own (e.g. what the search cost)."""
         def play_share(share: list[Instance]) -> list[list[tuple[dict, object]]]:
             episodes = self.start_all(share, models, repeats=repeats, base_seed=base_seed, stage=stage)
-            self.run(episodes, label=stage)
-            pairs = [(episode.record(policy_name, self.sampling), describe(episode) if describe else None)
-                     for episode in episodes]
+            if play is None:
+                self.run(episodes, label=stage)
+                fields = [{}] * len(episodes)
+            else:
+                episodes, fields = play(episodes)
+            pairs = [({**episode.record(policy_name, self.sampling), **more}, describe(episode) if describe else None)
+                     for episode, more in zip(episodes, fields)]
             return [pairs[index:index + repeats] for index in range(0, len(pairs), repeats)]
 
         return [pair for pairs in distributed.map_split(instances, play_share) for pair in pairs]

@@ -1,6 +1,7 @@
 """The pipeline's training-side stages, one module each, in DAG order; each rule script calls one function here.
 
-* :mod:`clemprm.stages.rollouts`: base-policy rollouts and the win filter.
+* :mod:`clemprm.stages.rollouts`: the play of a split that base rollouts, the eval modes and self-correction all
+  go through (:func:`~clemprm.stages.rollouts.play_split`); base-policy rollouts and the win filter.
 * :mod:`clemprm.stages.sft`: the SFT LoRA adapter (QLoRA on CUDA) on the wins.
 * :mod:`clemprm.stages.branch_points`: branch points from the SFT policy (siblings, held-out states, replayed states);
   :mod:`clemprm.stages.labels`: their K-rollout Monte-Carlo soft labels (shards, checkpoints, the gather), each
