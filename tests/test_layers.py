@@ -1,10 +1,11 @@
 """The library's floors: every module imports only from its own floor or lower ones, and no modules import each
 other in a loop. Imports inside functions count: a lazy import is still a dependency. The floor plan is drawn in
-the README; a new module goes on the floor of the package it joins."""
+the README, which must list exactly these floors; a new module goes on the floor of the package it joins."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 LIBRARY = Path(__file__).resolve().parent.parent / "clemprm"
@@ -115,3 +116,23 @@ def test_the_checker_sees_upward_imports_and_cycles():
     graph = import_graph()
     assert "clemprm.models.scoring" in graph["clemprm.models.prm"]         # a module-level import
     assert "clemprm.models.generation" in graph["clemprm.evaluation.evaluate"]   # an import inside a function
+
+
+def readme_floors() -> list[tuple[str, ...]]:
+    """The floors of the README's floor plan, bottom up: per ``floor N`` line, the modules it names (``clemprm (the
+    package)``, and paths under ``clemprm/``, whose prefix a line may leave out after its first path)."""
+    text = (LIBRARY.parent / "README.md").read_text()
+    plan = text.split("## The floor plan", 1)[1].split("```", 2)[1]
+    floors = []
+    for line in plan.splitlines():
+        if not line.startswith("floor "):
+            continue   # a floor's description going on
+        names = re.findall(r"clemprm \(the package\)|[\w/]+\.py|clemprm/\w+/", line)
+        floors.append(tuple("clemprm" if name.startswith("clemprm (") else
+                            "clemprm." + name.removeprefix("clemprm/").removesuffix(".py").strip("/").replace("/", ".")
+                            for name in names))
+    return floors
+
+
+def test_the_readme_floor_plan_is_the_floors_enforced_here():
+    assert readme_floors() == [tuple(floor) for floor in FLOORS]
