@@ -53,8 +53,8 @@ def sft_line(results: Path) -> str | None:
     metrics = json.loads(metrics_path.read_text())
     losses = (f", eval loss {metrics['initial_eval_loss']:.3f} -> {metrics['eval_loss']:.3f}"
               if metrics.get("initial_eval_loss") is not None and metrics.get("eval_loss") is not None else "")
-    return (f"  SFT: {records.read_table(data).num_rows} interactions of won episodes kept, {metrics.get('steps', 0)} optimizer "
-            f"steps ({metrics.get('status')}){losses}")
+    return (f"  SFT: {records.read_table(data).num_rows} interactions of won episodes kept, "
+            f"{metrics.get('steps', 0)} optimizer steps ({metrics.get('status')}){losses}")
 
 
 def labels_line(results: Path) -> str | None:
