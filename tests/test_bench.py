@@ -4,12 +4,14 @@ options and refuses what it cannot use, and the shared parts (Figures, RunFiles)
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from clemprm.bench import Figures, RunFiles
+from clemprm.bench import Figures, RunFiles, learning
 from clemprm.bench.__main__ import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,3 +110,20 @@ def test_the_learning_benchmark_tabulates_a_table_made_elsewhere(tmp_path, capsy
     assert figures["seeds tabulated"]["samples"] == [3] and figures["claims judged"]["samples"][0] > 0
     table = json.loads((tmp_path / "runs" / "seeds.json").read_text())
     assert sorted(table["seeds"]) == ["11", "42", "7"]
+
+
+def test_the_learning_benchmark_keeps_a_finished_seed_whatever_commit_made_it(tmp_path, capsys):
+    """A seed's finished run is not run again when the code changed since (Snakemake would rerun it from its first
+    rule); ``--rerun-finished`` runs it: here Snakemake starts and fails on the missing config file."""
+    run = tmp_path / "runs" / "seed-7" / "blind"
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "prm_eval.json").write_text("{}")
+    (run / "commit.txt").write_text("abc1234\n")
+    args = argparse.Namespace(workdir=str(tmp_path / "runs"), cores=1, split="test", rerun_finished=False,
+                              config=str(tmp_path / "absent.yaml"), lookahead=str(tmp_path / "absent.yaml"))
+    assert learning.run_seed(7, "blind", args) == run / "results" / "prm_eval.json"
+    assert "seed 7, blind: finished at commit abc1234, kept (--rerun-finished" in capsys.readouterr().out
+    args.rerun_finished = True
+    with pytest.raises(subprocess.CalledProcessError):
+        learning.run_seed(7, "blind", args)
+    assert (run / "commit.txt").read_text() == "abc1234\n"

@@ -3,12 +3,15 @@
     python -m clemprm.bench learning [--seeds 7 11 42] [--split test]
                                      [--regimes blind blind-probe lookahead lookahead-probe]
                                      [--config configs/learning.yaml] [--lookahead configs/lookahead.yaml]
-                                     [--workdir runs/learning] [--cores 2] [--table-only] [--add SEEDS_JSON ...]
+                                     [--workdir runs/learning] [--cores 2] [--table-only] [--rerun-finished]
+                                     [--add SEEDS_JSON ...]
 
 (``python scripts/learning_benchmark.py`` with the same options is an alias: it calls :func:`main`.)
 Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/blind/`` with the benchmark config and
-``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result; a
-finished seed is up to date and costs nothing): the blind regime, the PRM reading the candidate alone. Then
+``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result). A
+seed's run that finished (its summary and the commit that made it are there) is kept as measured and not run again,
+even when the code changed since (Snakemake would rerun it from the first rule: hours of a seed lost to a commit in
+between); ``--rerun-finished`` runs it again on this checkout: the blind regime, the PRM reading the candidate alone. Then
 ``WORKDIR/seed-<seed>/lookahead/`` starts as a copy of the blind run up to the soft labels (mtimes and Snakemake's
 metadata kept: nothing upstream reruns) and runs with ``--lookahead`` on top: the PRM trained again to read the
 game's reply, and the lookahead searches with their rule controls. ``blind-probe`` and ``lookahead-probe`` are the
@@ -62,13 +65,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the config on top of --config for the lookahead regime")
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--table-only", action="store_true", help="only tabulate the seeds already run")
+    parser.add_argument("--rerun-finished", action="store_true",
+                        help="run a seed's finished run again on this checkout (by default it is kept as measured, "
+                             "whatever commit made it: its row names that commit)")
     parser.add_argument("--add", nargs="+", default=[], metavar="SEEDS_JSON",
                         help="seeds.json files of seeds run elsewhere, joined to the table (a regime run here wins)")
 
 
 def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
-    """The pipeline for one seed in one regime, in its own folder; returns its summary's path."""
+    """The pipeline for one seed in one regime, in its own folder; returns its summary's path. A finished run is
+    kept (the module's docstring says why) unless ``--rerun-finished``."""
     workdir = seeds.seed_dir(Path(args.workdir), seed, regime)
+    summary, made_by = workdir / "results" / "prm_eval.json", workdir / "commit.txt"
+    if summary.is_file() and made_by.is_file() and not args.rerun_finished:
+        print(f"[learning benchmark] seed {seed}, {regime}: finished at commit {made_by.read_text().strip()}, kept "
+              "(--rerun-finished runs it again on this checkout)", flush=True)
+        return summary
     seeds.start_run(Path(args.workdir), seed, regime)
     workdir.mkdir(parents=True, exist_ok=True)
     override = workdir / "seed.yaml"
@@ -80,14 +92,13 @@ def run_seed(seed: int, regime: str, args: argparse.Namespace) -> Path:
                "--directory", str(workdir), "--rerun-incomplete", "results/prm_eval.json",
                "--configfile", str(Path(args.config).resolve()),
                *([str(Path(args.lookahead).resolve())] if lookahead else []), str(override)]
-    summary = workdir / "results" / "prm_eval.json"
     made_before = summary.stat().st_mtime_ns if summary.is_file() else None
     start = time.perf_counter()
     print(f"[learning benchmark] seed {seed}, {regime}: {' '.join(command)}", flush=True)
     subprocess.run(command, check=True)
     print(f"[learning benchmark] seed {seed}, {regime}: done in {time.perf_counter() - start:.0f} s", flush=True)
     if summary.stat().st_mtime_ns != made_before:   # an up-to-date seed keeps the commit that made its summary
-        (workdir / "commit.txt").write_text(commit() + "\n")
+        made_by.write_text(commit() + "\n")
     return summary
 
 
