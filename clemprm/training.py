@@ -294,21 +294,37 @@ def schedule_factor(kind: str, warmup: int, total: int):
     return factor
 
 
-def step_grouped(trainer_class):
-    """``trainer_class`` with its length-grouped batches drawn per optimizer step of all processes: the Trainer groups
-    ``batch_size x accumulation`` examples of similar length, here ``x processes`` too, so any process count with the
-    same effective batch trains on the same batches in the same steps (each process takes its share of a group)."""
+def stage_trainer(trainer_class):
+    """``trainer_class`` as every training stage runs it (SFT and the PRM):
+
+    * its length-grouped batches drawn per optimizer step of all processes: the Trainer groups
+      ``batch_size x accumulation`` examples of similar length, here ``x processes`` too, so any process count with
+      the same effective batch trains on the same batches in the same steps (each process takes its share of a
+      group);
+    * its schedule (``scheduler``, ``warmup_ratio`` of the stage's section) with no optimizer step at learning rate
+      0 (:func:`schedule_factor`): a run of a few steps, as the embedded default's SFT is, would otherwise spend its
+      first one on nothing."""
+    import torch
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    class StepGrouped(trainer_class):
+    class StageTrainer(trainer_class):
         def _get_train_sampler(self, train_dataset=None):
             sampler = super()._get_train_sampler(train_dataset)
             if isinstance(sampler, LengthGroupedSampler):
                 sampler.batch_size *= self.args.world_size
             return sampler
 
-    StepGrouped.__name__ = StepGrouped.__qualname__ = trainer_class.__name__
-    return StepGrouped
+        def create_scheduler(self, num_training_steps: int, optimizer=None):
+            if self.lr_scheduler is None:
+                kind = getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type)
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+                    optimizer or self.optimizer,
+                    schedule_factor(kind, self.args.get_warmup_steps(num_training_steps), num_training_steps))
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+    StageTrainer.__name__ = StageTrainer.__qualname__ = trainer_class.__name__
+    return StageTrainer
 
 
 def trainable_snapshot(model) -> dict:
@@ -334,19 +350,13 @@ def applied_learning_rates(scheduler, steps: int) -> list[float] | None:
     return [base[0] * lambdas[0](step) for step in range(steps)]
 
 
-def untrained_reason(section: dict, steps: int, rates: list[float] | None, changed: int,
-                     key: str = "sft") -> str | None:
-    """Why a training run left its adapter as it was (None when it did not): a schedule that never left learning
-    rate 0 (a warmup over every step), or weights that did not change; ``section``: the stage's config section,
-    ``key`` its name."""
-    if steps and rates is not None and not any(rates):
-        return (f"the learning rate was 0 at every one of its {steps} optimizer step(s): {key}.warmup_ratio "
-                f"{section['warmup_ratio']} warms up over all of them (lower it, or give the run more steps: more "
-                f"examples or epochs, a smaller {key}.batch_size or {key}.grad_accum)")
-    if not changed:
-        described = f" (learning rates {min(rates):.3g} to {max(rates):.3g})" if rates else ""
-        return f"its weights did not change in {steps} optimizer step(s){described}"
-    return None
+def untrained_reason(steps: int, rates: list[float] | None, changed: int) -> str | None:
+    """Why a training run left its adapter as it was (None when it did not): weights that did not change in its
+    ``steps`` (none runs at learning rate 0: :func:`stage_trainer`)."""
+    if changed:
+        return None
+    described = f" (learning rates {min(rates):.3g} to {max(rates):.3g})" if rates else ""
+    return f"its weights did not change in {steps} optimizer step(s){described}"
 
 
 def finish_metrics(metrics: dict, start: float, settings: dict, metrics_path: str | Path) -> None:

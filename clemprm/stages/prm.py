@@ -73,8 +73,7 @@ from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
                               finite, initial_evaluation, keep_4bit_differentiable, lora_config, peak_memory_mb,
-                              progress_callback, schedule_factor, shared_scratch_beside, split_instances,
-                              step_grouped,
+                              progress_callback, shared_scratch_beside, split_instances, stage_trainer,
                               trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
@@ -165,18 +164,6 @@ def _trainer_class():
             if self.head_lr is not None:
                 split_head_group(optimizer, prm_head.head_parameters(model or self.model), self.head_lr)
             return optimizer
-
-        def create_scheduler(self, num_training_steps: int, optimizer=None):
-            """``prm.scheduler`` with no optimizer step at learning rate 0 (:func:`clemprm.training.schedule_factor`)."""
-            import torch
-
-            if self.lr_scheduler is None:
-                kind = getattr(self.args.lr_scheduler_type, "value", self.args.lr_scheduler_type)
-                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-                    optimizer or self.optimizer,
-                    schedule_factor(kind, self.args.get_warmup_steps(num_training_steps), num_training_steps))
-                self._created_lr_scheduler = True
-            return self.lr_scheduler
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             labels, groups, weights = inputs.pop("labels"), inputs.pop("groups"), inputs.pop("weights")
@@ -287,7 +274,7 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     callbacks = [progress_callback("prm")]
     if validation:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=prm["early_stopping_patience"]))
-    trainer = step_grouped(_trainer_class())(
+    trainer = stage_trainer(_trainer_class())(
         model=model, args=args,
         train_dataset=_as_dataset(train, by_state, label_weights(train, prm["label_weighting"])),
         eval_dataset=_as_dataset(validation, by_state, label_weights(validation, "none")) if validation else None,
@@ -301,7 +288,7 @@ def _train(model, tokenizer, prm: dict, seed: int, train: list[Example], validat
     train_seconds = time.perf_counter() - start
     state = trainer.state
     rates = applied_learning_rates(trainer.lr_scheduler, state.global_step)
-    untrained = untrained_reason(prm, state.global_step, rates, changed_parameters(trainer.model, before), key="prm")
+    untrained = untrained_reason(state.global_step, rates, changed_parameters(trainer.model, before))
     initial, log_history = initial_evaluation(state.log_history)
     history = [{k: v for k, v in row.items() if "token_accuracy" not in k}
                for row in epoch_history(log_history, initial)]

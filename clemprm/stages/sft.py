@@ -51,7 +51,7 @@ from clemprm.model_card import write_adapter_card
 from clemprm.tracking import OFF, TrackingRun, tracker_environment
 from clemprm.training import (OPTIMIZER_AUTO, applied_learning_rates, changed_parameters, device_name, epoch_history,
                               finish_metrics, finite, initial_evaluation, keep_4bit_differentiable, lora_config,
-                              progress_callback, sample_at_most, shared_scratch_beside, split_instances, step_grouped,
+                              progress_callback, sample_at_most, shared_scratch_beside, split_instances, stage_trainer,
                               trainable_snapshot, trainer_arguments, untrained_reason, write_adapter)
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             callbacks = [progress_callback()]
             if validation:
                 callbacks.append(EarlyStoppingCallback(early_stopping_patience=sft["early_stopping_patience"]))
-            trainer = step_grouped(SFTTrainer)(
+            trainer = stage_trainer(SFTTrainer)(
                 model=model, args=args, train_dataset=_as_dataset(train),
                 eval_dataset=_as_dataset(validation) if validation else None, processing_class=tokenizer,
                 peft_config=None if cfg.adapter else lora_config(sft["lora"], "CAUSAL_LM"), callbacks=callbacks)
@@ -307,8 +307,8 @@ def train_sft(settings: dict, data_path: str, adapter_dir: str, metrics_path: st
             train_seconds = time.perf_counter() - train_start
             state = trainer.state
             rates = applied_learning_rates(trainer.lr_scheduler, state.global_step)
-            untrained = untrained_reason(sft, state.global_step, rates, changed_parameters(trainer.model, before))
-            if untrained:   # e.g. one optimizer step, all of it warmup at lr 0: the adapter is the base policy
+            untrained = untrained_reason(state.global_step, rates, changed_parameters(trainer.model, before))
+            if untrained:   # the adapter is the base policy
                 marks.append(fail_or_warn("sft_adapter", f"the adapter did not train: {untrained}", on_failure,
                                           condition="adapter_not_trained", count=state.global_step))
                 metrics.update(marks_metadata(marks))
