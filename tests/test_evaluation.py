@@ -463,3 +463,21 @@ def test_the_table_says_in_words_why_a_zero_or_an_n_a_is_there():
     summary["modes"] = {"best_of_n": entry(won)}
     summary["prm"]["ranking"]["pairs_with_different_labels"] = 12
     assert "reading this table" not in console.summary_table(summary)
+
+
+def test_eval_max_instances_plays_the_first_of_the_splits_draw(tmp_path, scripted_policy):
+    """``eval.max_instances: 2`` of a validation split capped at 4: every mode plays the first 2 instances per game
+    of the draw the held-out branch points take their first ones from (clemprm.play.catalog), not another 2."""
+    from clemprm.play.catalog import GameCatalog
+
+    settings = sections(tiny_config(games={"max_instances": {"validation": 4}}, eval={"max_instances": 2}),
+                        "seed", "model", "games", "eval")
+    rows = evaluate.evaluate_mode("greedy_sft", settings, str(tmp_path / "greedy_sft.parquet"),
+                                  policy=scripted_policy(mixed_answer, name="scripted"))
+    catalog = GameCatalog(settings["games"], settings["seed"])
+    played = collections.defaultdict(list)
+    for row in rows:
+        played[row["game"]].append((row["game"], row["experiment"], int(row["game_id"])))
+    assert played == {game: [instance.key for instance in catalog.instances(game, "validation")[:2]]
+                      for game in catalog.games}
+    assert all(len(catalog.instances(game, "validation")) == 4 for game in catalog.games)

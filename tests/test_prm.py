@@ -894,6 +894,38 @@ def test_a_gate_whose_ranking_was_not_measured_is_not_judged_not_passed():
     assert prm_metrics.quality_gate(held_out, enough, gate_settings())["status"] == "passed"
 
 
+def test_a_game_too_thin_for_an_interval_is_left_out_of_the_ranking_checks_not_blocking_them():
+    """Held-out pairs in 2 instances of g1 and 4 of g2: the ranking checks judge g2's states alone and name g1 left
+    out; with g2 thin too, nothing is left to judge on and the gate says so (prm_metrics.gate_ranking)."""
+    def examples_of(instances: dict[str, int]) -> list:
+        examples = []
+        for game, count in instances.items():
+            for instance in range(count):
+                examples += [prm_data.Example([1], False, label, (game, "e", str(instance)),
+                                              state_id=f"{game}/{instance}", row=len(examples) + j)
+                             for j, label in enumerate([0.0, 0.25, 0.75, 1.0])]
+        return examples
+
+    held_out = {"mean_label": 0.5, "mean_prediction": 0.5, "std_label": 0.4, "std_prediction": 0.4}
+    for instances, left_out in (({"g1": 2, "g2": 4}, {"g1": 2}), ({"g1": 2, "g2": 2}, None)):
+        examples = examples_of(instances)
+        scorers = {"prm": [e.label for e in examples], "candidate_length": [-e.label for e in examples],
+                   "policy_logprob": [-e.label for e in examples], "constant_mean": [0.0] * len(examples)}
+        ranking = prm_metrics.ranking_metrics(examples, scorers, 200, 0, 0.95)
+        judged = prm_metrics.gate_ranking(examples, scorers, ranking, 200, 0, 0.95)
+        gate = prm_metrics.quality_gate(held_out, judged or ranking, gate_settings())
+        if left_out is None:
+            assert judged is None and gate["status"] == "not_judged" and "left_out" not in gate
+            assert "g1 2, g2 2; at least 3 per game" in gate["not_judged"][0]
+            continue
+        assert judged["left_out"] == left_out and judged["ranked_instances"] == {"g2": 4}
+        assert judged["pairs_with_different_labels"] == 4 * 6 < ranking["pairs_with_different_labels"]
+        assert gate["status"] == "passed" and gate["left_out"] == left_out and not gate["not_judged"]
+        assert {check["check"] for check in gate["checks"]} == {"spread", "pairwise_accuracy", "top1_regret"}
+        assert ("LEFT OUT of the ranking checks: g1 (2 held-out instances with differently labelled siblings)"
+                in prm_metrics.gate_lines(gate))
+
+
 def test_a_gate_not_judged_stops_a_run_that_asks_to_stop_and_warns_in_one_that_goes_on(caplog):
     from clemprm.checks.run_time import StageFailure
 

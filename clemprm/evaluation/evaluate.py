@@ -142,7 +142,8 @@ def evaluate_mode(name: str, settings: dict, output: str, cache_dir: str | None 
     return play_split(f"eval {name}", settings, eval_settings["split"], mode_sampling(mode, eval_settings),
                       lambda engine, instances: play_mode(mode, settings, inputs, cache_dir, engine, instances,
                                                           policy=policy, prm=prm, clembench_dir=clembench_dir),
-                      output, records.EVAL_EPISODES, on_failure=on_failure, clembench_dir=clembench_dir)
+                      output, records.EVAL_EPISODES, on_failure=on_failure, clembench_dir=clembench_dir,
+                      per_game=eval_settings["max_instances"])
 
 
 def play_mode(mode: EvalMode, settings: dict, inputs: dict, cache_dir: str | None, engine: RolloutEngine,

@@ -112,7 +112,8 @@ def evaluate_self_correct(settings: dict, output: str, cache_dir: str | None = N
     return play_split(f"eval {MODE}", settings, eval_settings["split"],
                       Sampling(0.0, 1.0, eval_settings["max_new_tokens"]), play, output,
                       records.SELF_CORRECT_EPISODES, on_failure=on_failure, clembench_dir=clembench_dir,
-                      games=score_games_config(settings["games"], settings["score"]["games"]))
+                      games=score_games_config(settings["games"], settings["score"]["games"]),
+                      per_game=eval_settings["max_instances"])
 
 
 def log_summary(rows: list[dict], seed: int) -> None:

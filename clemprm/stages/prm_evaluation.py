@@ -31,7 +31,7 @@ from clemprm.config import deep_merge
 from clemprm.play.engine import rule_score
 from clemprm.stages import label_ceiling
 from clemprm.stages.prm_data import SIDES, TRAINING_KEY, read_labels, row_fields
-from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, orientation, orientation_side,
+from clemprm.stages.prm_metrics import (baseline_metrics, gate_lines, gate_ranking, orientation, orientation_side,
                                         prediction_metrics, quality_gate, rank_metrics, ranking_metrics,
                                         verdict_metrics)
 from clemprm.stats import OVERALL
@@ -96,9 +96,10 @@ def evaluate(sides: dict[str, list[Predicted]], ranked: str, rows: list[dict], p
     lookahead rule), the PRM's AUROC for the game's verdicts on that side (:func:`verdict_metrics`) and every
     scorer's within-prefix ranking (:func:`ranking_metrics`, with each baseline's paired difference to the PRM;
     ``constant_mean`` ties all siblings: the expected pick of a random choice); the labels' own ceiling there with
-    every scorer's learned share of it (:func:`clemprm.stages.label_ceiling.ceiling`), and the PRM on its train side
-    (:func:`train_ranking`). Predictions that are not finite (a diverged PRM) stop the evaluation there:
-    ``nonfinite_predictions`` counts them per side, for the gate."""
+    every scorer's learned share of it (:func:`clemprm.stages.label_ceiling.ceiling`), the PRM on its train side
+    (:func:`train_ranking`) and, where games too thin for an interval are left out of the gate's ranking checks,
+    the ranking it judges (:func:`clemprm.stages.prm_metrics.gate_ranking`). Predictions that are not finite (a
+    diverged PRM) stop the evaluation there: ``nonfinite_predictions`` counts them per side, for the gate."""
     predictions = {side: [e.prediction for e in examples] for side, examples in sides.items()}
     nonfinite = {side: sum(not math.isfinite(p) for p in values) for side, values in predictions.items()}
     if any(nonfinite.values()):
@@ -125,10 +126,12 @@ def evaluate(sides: dict[str, list[Predicted]], ranked: str, rows: list[dict], p
                **candidate_scores, **fork_scores}
     ranking = {"side": ranked, "orientation": orientations,
                **ranking_metrics(examples, scorers, prm["bootstrap_samples"], seed, prm["ci"])}
+    judged = gate_ranking(examples, scorers, ranking, prm["bootstrap_samples"], seed, prm["ci"])
     verdicts = {"side": ranked, **verdict_metrics(predictions[ranked], fork_scores["acceptance"])}
     pairwise = {name: ((entry.get(OVERALL) or {}).get("pairwise_accuracy") or {}).get("value")
                 for name, entry in ranking["scorers"].items()}
-    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "verdicts": verdicts,
+    return {"evaluation": evaluation, "baselines": baselines, "ranking": ranking, "gate_ranking": judged,
+            "verdicts": verdicts,
             "ceiling": {"side": ranked, **label_ceiling.ceiling(examples, rows, pairwise, prm["ci"], seed)},
             "train_ranking": train_ranking(sides["train"], predictions["train"], rows, prm, seed)}
 
@@ -224,7 +227,8 @@ def measure_prm(settings: dict, labels_path: str, predictions_path: str, metrics
     metrics = dict(training)
     if training["examples"]["train"]:
         metrics.update(evaluate(sides, ranked, rows, prm, seed))
-        metrics["gate"] = quality_gate(metrics["evaluation"][ranked], metrics["ranking"], prm["gate"], prm["input"],
+        judged = metrics.get("gate_ranking") or metrics["ranking"]   # thin games left out, where others are enough
+        metrics["gate"] = quality_gate(metrics["evaluation"][ranked], judged, prm["gate"], prm["input"],
                                        metrics.get("nonfinite_predictions"), probabilities)
         diagnosis = gate_diagnosis(metrics["gate"], metrics.get("train_ranking") or {})
         if diagnosis:

@@ -229,8 +229,30 @@ RIVAL_NAMES = {"constant_mean": "random pick"}   # constant_mean ties every sibl
 # so a game of one instance never varies, and with one per game the interval has no width at all ("clearly better" on
 # a point estimate: a random PRM on random labels passed 21 of 100 such draws). With at least this many per game it
 # passed at most 5 % of simulated draws (tests/test_prm.py, the random-PRM simulation).
+# A game below it is left out of the ranking checks when other games reach it (:func:`gate_ranking`): it is the
+# thin game's own interval that has no width, and it no longer keeps the others from being judged.
 MIN_RANKED_PAIRS = 6
 MIN_RANKED_INSTANCES = 3
+
+
+def gate_ranking(examples: list, scorers: dict[str, list[float]], ranking: dict, samples: int, seed: int,
+                 ci: float) -> dict | None:
+    """The ranking the quality gate judges where it is not ``ranking`` (:func:`ranking_metrics` of ``examples``
+    under ``scorers``): when some games hold their differently labelled pairs in fewer than
+    :data:`MIN_RANKED_INSTANCES` instances and others in enough, the same metrics on the other games' states alone
+    (overall figures only), with ``left_out``: each thin game's count of such instances. None when no game is left
+    out: every game has enough, or none has (then nothing is judged: :func:`ranking_evidence`)."""
+    counts = ranking.get("ranked_instances") or {}
+    thin = {game: n for game, n in counts.items() if n < MIN_RANKED_INSTANCES}
+    if not thin or len(thin) == len(counts):
+        return None
+    kept = [i for i, example in enumerate(examples) if example.key[0] not in thin]
+    judged = ranking_metrics([examples[i] for i in kept], {name: [scores[i] for i in kept]
+                                                           for name, scores in scorers.items()}, samples, seed, ci)
+    return {"left_out": thin, "pairs_with_different_labels": judged["pairs_with_different_labels"],
+            "ranked_instances": judged["ranked_instances"],
+            **{key: {name: {OVERALL: entry[OVERALL]} for name, entry in judged[key].items()}
+               for key in ("scorers", "differences")}}
 
 
 def ranking_evidence(ranking: dict) -> str | None:
@@ -339,7 +361,15 @@ def quality_gate(held_out: dict | None, ranking: dict | None, gate: dict, prm_in
                else "clearly better than every baseline") + f" ({'; '.join(described)})")
     status = ("failed" if not all(c["passed"] for c in checks) else "not_judged" if not_judged or not checks
               else "passed")
-    return {"status": status, "checks": checks, "reported": reported, "not_judged": not_judged}
+    left_out = {"left_out": ranking["left_out"]} if ranking.get("left_out") else {}
+    return {"status": status, "checks": checks, "reported": reported, "not_judged": not_judged, **left_out}
+
+
+def left_out_text(left_out: dict[str, int]) -> str:
+    """The games :func:`gate_ranking` left out, in words."""
+    return (", ".join(f"{game} ({n} held-out instance{'s' if n != 1 else ''} with differently labelled siblings)"
+                      for game, n in left_out.items())
+            + f": fewer than {MIN_RANKED_INSTANCES} give no interval over instances; judged on the other games")
 
 
 def gate_lines(gate: dict) -> str:
@@ -350,4 +380,5 @@ def gate_lines(gate: dict) -> str:
               for check in gate["checks"]]
     lines += [f"REPORTED {check['check']}: {check['message']}" for check in gate["reported"]]
     lines += [f"DIAGNOSIS {gate['diagnosis']}"] if gate.get("diagnosis") else []
+    lines += [f"LEFT OUT of the ranking checks: {left_out_text(gate['left_out'])}"] if gate.get("left_out") else []
     return "\n".join(lines + [f"NOT JUDGED {what}" for what in gate["not_judged"]])
