@@ -19,7 +19,7 @@ RL_ALGORITHMS = ("grpo", "prime")   # trained side by side by the RL stage (rl.a
 
 # the eval keys a mode plays by: a mode's rule params hold only these (changing eval.beam_width reruns beam search
 # alone, eval.bootstrap_samples only the summary)
-PLAY_KEYS = ("split", "episodes_per_instance", "max_new_tokens")
+PLAY_KEYS = ("split", "max_instances", "episodes_per_instance", "max_new_tokens")
 SAMPLING_KEYS = ("n", "temperature", "top_p")
 BEAM_KEYS = ("beam_width", "num_beam_iterations", "aggregation")
 
