@@ -24,6 +24,7 @@ import jsonschema
 
 from clemprm.evaluation.evaluate import summary_schema
 from clemprm.modes import MODES
+from clemprm.stages.prm_metrics import left_out_text
 from clemprm.stats import OVERALL
 
 METRICS = ("percent_played", "quality", "clemscore")
@@ -121,6 +122,8 @@ def ceiling_lines(prm: dict) -> list[str]:
                      f"of the labels', verdict AUROC {(train.get('verdicts') or {}).get('auroc')}; {baselines}")
     if (prm.get("gate") or {}).get("diagnosis"):
         lines.append(f"  gate diagnosis: {prm['gate']['diagnosis']}")
+    if (prm.get("gate") or {}).get("left_out"):
+        lines.append(f"  left out of the gate's ranking checks: {left_out_text(prm['gate']['left_out'])}")
     return lines
 
 
