@@ -128,11 +128,15 @@ def test_training_in_two_processes_gives_the_weights_of_one(trained, stage):
     """The same effective batch (batch_size x grad_accum) over 1 or 2 processes: the same adapter (measured here: max
     abs difference 0.0; the bound leaves room for the all-reduce adding the halves' gradients in another order than
     accumulation does) and the same losses, the best epoch chosen by the same eval loss."""
+    metrics = [json.loads((trained[size] / f"{stage}_metrics.json").read_text()) for size in (1, 2)]
+    effective_batch = {"sft": 4, "prm": 8}[stage]   # tests/distributed/train_job.py: batch_size x grad_accum
+    assert metrics[0]["examples"]["train"] % effective_batch == 0, (
+        f"{metrics[0]['examples']['train']} {stage} train pairs: DDP repeats examples to fill an uneven last step, "
+        f"so choose train_job.py's max_examples / validation_fraction for a multiple of {effective_batch}")
     one, two = adapter_weights(trained[1] / stage), adapter_weights(trained[2] / stage)
     assert one.keys() == two.keys() and one
     differences = {name: (one[name] - two[name]).abs().max().item() for name in one}
     assert max(differences.values()) <= 1e-6, sorted(differences.items(), key=lambda item: -item[1])[:3]
-    metrics = [json.loads((trained[size] / f"{stage}_metrics.json").read_text()) for size in (1, 2)]
     assert [m["status"] for m in metrics] == ["trained", "trained"]
     assert metrics[0]["steps"] == metrics[1]["steps"] > 0 and metrics[0]["best_epoch"] == metrics[1]["best_epoch"]
     for key in ("train_loss", "eval_loss", "initial_eval_loss"):

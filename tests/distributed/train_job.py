@@ -27,8 +27,9 @@ def main(run_dir: Path, out: Path, cache_dir: str) -> None:
         "sft": {"epochs": 2, "batch_size": 2, "grad_accum": 2, "max_examples": 4, "lr": 1e-2,
                 "validation_fraction": 0.25, "extra_data": str(run_dir / "extra.jsonl"), "lora": lora},
         # pointwise pairs, a validation slice for the best epoch (the embedded default batches whole states instead)
+        # (whole sibling groups: on the tiny run's labels validation_fraction 0.25 leaves 16 of them; the test checks)
         "prm": {"epochs": 2, "batch_size": 4, "grad_accum": 2, "max_examples": 16, "lr": 1e-2, "lora": lora,
-                "pairwise_weight": 0.0, "validation_fraction": 0.2}})
+                "pairwise_weight": 0.0, "validation_fraction": 0.25}})
     settings = {name: config[name] for name in ("seed", "model", "sft", "prm")}
     sft.train_sft(settings, str(run_dir / "results/sft/sft_data.parquet"), str(out / "sft"),
                   str(out / "sft_metrics.json"), cache_dir, on_failure="continue")
