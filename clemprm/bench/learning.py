@@ -8,10 +8,10 @@
 
 (``python scripts/learning_benchmark.py`` with the same options is an alias: it calls :func:`main`.)
 Each seed runs ``snakemake results/prm_eval.json`` in ``WORKDIR/seed-<seed>/blind/`` with the benchmark config and
-``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result). A
-seed's run that finished (its summary and the commit that made it are there) is kept as measured and not run again,
-even when the code changed since (Snakemake would rerun it from the first rule: hours of a seed lost to a commit in
-between); ``--rerun-finished`` runs it again on this checkout: the blind regime, the PRM reading the candidate alone. Then
+``{seed: <seed>, eval: {split: <split>}, on_failure: continue}`` on top (a PRM that fails its gate is a result): the
+blind regime, the PRM reading the candidate alone. A seed's run that finished (its summary and the commit that made
+it are there) is kept as measured and not run again, even when the code changed since (Snakemake would rerun it
+from the first rule: hours of a seed lost to a commit in between); ``--rerun-finished`` runs it again. Then
 ``WORKDIR/seed-<seed>/lookahead/`` starts as a copy of the blind run up to the soft labels (mtimes and Snakemake's
 metadata kept: nothing upstream reruns) and runs with ``--lookahead`` on top: the PRM trained again to read the
 game's reply, and the lookahead searches with their rule controls. ``blind-probe`` and ``lookahead-probe`` are the

@@ -244,5 +244,6 @@ class GameCatalog:
                 random.Random(derive_seed(self.seed, "instances", split, game, name)).shuffle(rows)
         return _round_robin(by_experiment)[: self.config["max_instances"][split]]
 
-    def all_instances(self, split: str) -> list[Instance]:
-        return [instance for game in self.games for instance in self.instances(game, split)]
+    def all_instances(self, split: str, per_game: int | None = None) -> list[Instance]:
+        """Every game's :meth:`instances` of ``split``, at most ``per_game`` of each (the first of the draw)."""
+        return [instance for game in self.games for instance in self.instances(game, split)[:per_game]]

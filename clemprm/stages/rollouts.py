@@ -75,16 +75,16 @@ def play_split(label: str, settings: dict, split: str, sampling: Sampling, play:
                on_failure: str, clembench_dir: str | None = None, games: dict | None = None,
                per_game: int | None = None) -> list[dict]:
     """Play the ``split`` instances of ``games`` (default: the configured ones, ``settings["games"]``), at most
-    ``per_game`` of each game (the first of the split's draw; None: all), and write them: the one skeleton of base rollouts, every eval mode and self-correction. The instance checks
-    (:mod:`clemprm.checks.run_time`, named ``label``) come first, so a run that cannot work stops before any model
+    ``per_game`` of each game (the first of the split's draw; None: all), and write them: the one skeleton of base
+    rollouts, every eval mode and self-correction. The instance checks (:mod:`clemprm.checks.run_time`, named
+    ``label``) come first, so a run that cannot work stops before any model
     is loaded; then ``play(engine, instances)`` loads the policies and plays them, returning what each played
     (:class:`Played`) and the run the records' provenance holds (None: none); then each policy's episode checks, the
     records (``schema``, with the config's provenance, the run and the failure marks of ``on_failure: continue``)
     and, given ``clembench_dir``, the run folders of the clembench results tree. Rank 0 alone writes."""
     catalog = GameCatalog(settings["games"] if games is None else games, settings["seed"])
     marks = check_instances(label, catalog, split, on_failure)
-    instances = [instance for game in catalog.games for instance in catalog.instances(game, split)[:per_game]]
-    played, run = play(RolloutEngine(catalog, sampling), instances)
+    played, run = play(RolloutEngine(catalog, sampling), catalog.all_instances(split, per_game))
     for part in played:
         marks += check_episodes(part.label, part.rows, on_failure)
     rows = [row for part in played for row in part.rows]
