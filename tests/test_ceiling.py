@@ -161,6 +161,7 @@ def test_the_summary_table_report_and_seeds_table_show_the_ceiling_and_each_lear
     text = console.summary_table({"split": "test", "bootstrap": {"ci": 0.95}, "prm": prm})
     assert "learned share" in text and "0.800 [0.750, 0.850]" in text and "split-half agreement 0.810" in text
     assert "PRM pairwise accuracy 0.720 [0.670, 0.770] (learned share 0.79)" in text
+    assert "prediction spread 0.12 of the labels', verdict AUROC 0.570;" in text
     assert "gate diagnosis: underfit: x" in text
 
     report.plot_sibling_picks({"prm": prm}, tmp_path / "picks.png")

@@ -78,10 +78,10 @@ def difference_rows(summary: dict) -> dict[str, list[tuple[str, ...]]]:
     return rows
 
 
-def share(value: float | None) -> str:
-    """A learned share (:func:`clemprm.stages.label_ceiling.learned_share`) as ``0.42``, ``n/a`` where there is
-    none."""
-    return "n/a" if value is None else f"{value:.2f}"
+def number(value: float | None, digits: int = 2) -> str:
+    """A bare figure (a learned share, :func:`clemprm.stages.label_ceiling.learned_share`; a spread ratio; an AUROC)
+    as ``0.42``, ``n/a`` where there is none."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def ranking_rows(prm: dict) -> list[tuple[str, str, str, str]]:
@@ -94,7 +94,7 @@ def ranking_rows(prm: dict) -> list[tuple[str, str, str, str]]:
         overall = (scorers.get(name) or {}).get(OVERALL)
         if overall:
             rows.append((ROW_NAMES.get(name, name), estimate(overall.get("pairwise_accuracy"), 3),
-                         share(shares.get(name)), estimate(overall.get("top1_regret"), 3)))
+                         number(shares.get(name)), estimate(overall.get("top1_regret"), 3)))
     return rows
 
 
@@ -117,9 +117,10 @@ def ceiling_lines(prm: dict) -> list[str]:
                               for name, entry in (train.get("baselines") or {}).items())
         lines.append(f"  train side ({train.get('pairs_with_different_labels')} pairs, ceiling "
                      f"{estimate(train_ceiling.get('modelled'), 3)}): PRM pairwise accuracy "
-                     f"{estimate(train['pairwise_accuracy'], 3)} (learned share {share(shares.get('prm'))}), top-1 "
-                     f"regret {estimate(train.get('top1_regret'), 3)}, prediction spread {train.get('spread_ratio')} "
-                     f"of the labels', verdict AUROC {(train.get('verdicts') or {}).get('auroc')}; {baselines}")
+                     f"{estimate(train['pairwise_accuracy'], 3)} (learned share {number(shares.get('prm'))}), top-1 "
+                     f"regret {estimate(train.get('top1_regret'), 3)}, prediction spread {number(train.get('spread_ratio'))} "
+                     f"of the labels', verdict AUROC {number((train.get('verdicts') or {}).get('auroc'), 3)}; "
+                     f"{baselines}")
     if (prm.get("gate") or {}).get("diagnosis"):
         lines.append(f"  gate diagnosis: {prm['gate']['diagnosis']}")
     if (prm.get("gate") or {}).get("left_out"):
