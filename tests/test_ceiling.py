@@ -169,7 +169,9 @@ def test_the_summary_table_report_and_seeds_table_show_the_ceiling_and_each_lear
     assert drawn["modelled"]["value"] == 0.8 and drawn["prm_learned_share"] == 0.5
     assert drawn["train_pairwise_accuracy"] == 0.72 and drawn["train_learned_share"] == 0.79
 
-    row = seeds.seed_row({"prm": prm})
+    row = seeds.seed_row({"prm": prm}, {"head": {"change_over_initial_norm": 1.38}})
+    assert row["blind/train/prm/spread_ratio"] == 0.12 and row["blind/train/prm/verdict_auroc"] == 0.57
+    assert row["blind/head/change_over_initial_norm"] == 1.38
     assert row["blind/ceiling/modelled"] == 0.8 and row["blind/ceiling/modelled/ci"] == "95% [+0.750, +0.850]"
     assert row["blind/ceiling/split_half"] == 0.81 and row["blind/ranking/prm/learned_share"] == 0.5
     assert row["blind/train/prm/pairwise_accuracy"] == 0.72 and row["blind/train/prm/learned_share"] == 0.79

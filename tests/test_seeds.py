@@ -35,6 +35,12 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     assert row["blind/difference/best_of_n-random_of_n/percent_played/ci"] == (   # led by its level, eval.ci
         f"{100 * summary['bootstrap']['ci']:g}% [{best['ci_low']:+.3f}, {best['ci_high']:+.3f}]")
     assert row["blind/gate"] == summary["prm"]["gate"]["status"]
+    # beside each difference the smallest the run could detect; each mode's own figures; the yardstick's size
+    assert row["blind/difference/best_of_n-random_of_n/clemscore/detectable"] == overall["clemscore"]["detectable"]
+    played = summary["modes"]["greedy_sft"]["results"]["overall"]["percent_played"]
+    assert row["blind/mode/greedy_sft/percent_played"] == played["value"]
+    assert row["blind/mode/greedy_sft/percent_played/ci"].endswith(f"[{played['ci_low']:+.3f}, {played['ci_high']:+.3f}]")
+    assert row["blind/ranking/pairs_with_different_labels"] == summary["prm"]["ranking"]["pairs_with_different_labels"]
     assert not any(key.startswith("lookahead/") for key in row)   # no lookahead mode in the default run
 
     worse = copy.deepcopy(summary)
@@ -52,6 +58,8 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     line = next(line for line in text.splitlines() if line.startswith("| blind: best_of_n beats random_of_n on pe"))
     assert line.endswith("| not judged (2 seeds; 3 needed) |")
     assert "| commit | n/a | abc1234 |" in text
+    assert "| lookahead: " not in text and "| blind-probe: " not in text   # regimes no seed ran: named, not listed
+    assert "Not listed: the claims of blind-probe, lookahead, lookahead-probe, which no seed ran" in text
     three = seeds.seeds_table({**table["seeds"], 42: seeds.seed_row(summary)})
     claim = three["claims"]["blind: best_of_n beats random_of_n on percent_played"]
     assert claim["mean"]["value"] == pytest.approx(best["value"] - 10 / 3)

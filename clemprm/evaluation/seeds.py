@@ -61,9 +61,13 @@ SEARCH_CONTROLS = {   # regime -> search -> its controls
 }
 
 
-def _value(estimate: dict | None) -> float:
-    value = (estimate or {}).get("value")
+def _number(value: float | None) -> float:
+    """A bare figure as a seed row holds it: NaN where there is none."""
     return math.nan if value is None else float(value)
+
+
+def _value(estimate: dict | None) -> float:
+    return _number((estimate or {}).get("value"))
 
 
 def _interval(estimate: dict | None, level: float | None = None) -> str | None:
@@ -126,9 +130,13 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
     ``<regime>/ranking/<scorer>/<metric>``, ``<regime>/ranking/prm-<scorer>/<metric>`` and
     ``<regime>/difference/<search>-<control>/<metric>`` (each figure with its interval as text under the same key +
     ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``; a difference's is paired),
-    the labels' ceiling and learned shares (:func:`ceiling_figures`), ``<regime>/gate`` and
-    ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it). A run holds
-    one PRM, so one regime's ranking; its modes may hold either regime's searches (each mode's own mark decides)."""
+    the labels' ceiling and learned shares (:func:`ceiling_figures`), ``<regime>/gate``,
+    ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it),
+    ``<regime>/ranking/pairs_with_different_labels`` (the held-out yardstick's size) and
+    ``<regime>/head/change_over_initial_norm`` (how far the LoRA PRM's score head left its start); beside each
+    difference the smallest the run could detect (``.../detectable``), and each mode's own figures
+    (``<regime>/mode/<mode>/<metric>``, under the regime of the run's PRM). A run holds one PRM, so one regime's
+    ranking; its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
     kind = prm_kind(prm_metrics)
     if prm_regime(summary) is not None:
@@ -147,10 +155,14 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
                 row[f"{regime}/ranking/prm-{scorer}/{metric}"] = _value(difference)
                 if interval := _interval(difference, ranking.get("ci")):   # prm.ci
                     row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
+        if (pairs := ranking.get("pairs_with_different_labels")) is not None:
+            row[f"{regime}/ranking/pairs_with_different_labels"] = float(pairs)
         row.update(ceiling_figures(prm, regime))
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
         if (auroc := verdict_auroc(prm_metrics)) is not None:
             row[f"{regime}/verdict_auroc"] = auroc
+        if (moved := ((prm_metrics or {}).get("head") or {}).get("change_over_initial_norm")) is not None:
+            row[f"{regime}/head/change_over_initial_norm"] = float(moved)
     differences = summary.get("differences") or {}
     modes = summary.get("modes") or {}
     for mode_regime, searches in SEARCH_CONTROLS.items():
@@ -164,6 +176,20 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
                     row[key] = _value(overall.get(metric))
                     if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
                         row[f"{key}/ci"] = interval
+                    if (detectable := (overall.get(metric) or {}).get("detectable")) is not None:
+                        row[f"{key}/detectable"] = float(detectable)
+    run_regime = prm_regime(summary) and regime_name(prm_regime(summary), kind)
+    for mode, entry in modes.items():
+        if entry.get("regime") not in SEARCH_CONTROLS:
+            continue   # a mode of no search regime (none is played today), or a record from before the regimes
+        overall = (entry.get("results") or {}).get(OVERALL) or {}
+        for metric in DIFFERENCE_METRICS:
+            # under the run's regime: a lookahead run's greedy_sft is that run's, and its row never replaces the
+            # blind run's figures when the two are joined (join_row)
+            key = f"{run_regime or regime_name(entry['regime'], kind)}/mode/{mode}/{metric}"
+            row[key] = _value(overall.get(metric))
+            if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
+                row[f"{key}/ci"] = interval
     return row
 
 
@@ -171,7 +197,8 @@ def ceiling_figures(prm: dict, regime: str) -> dict[str, float | str]:
     """The labels' ceiling beside a seed's ranking figures (``ceiling`` and ``train_ranking`` of the summary's PRM,
     :mod:`clemprm.stages.label_ceiling`): ``<regime>/ceiling/modelled`` (with its interval), ``.../split_half``,
     ``<regime>/ranking/<scorer>/learned_share``, and the PRM's train side ``<regime>/train/prm/pairwise_accuracy``
-    (with its interval) and ``.../learned_share``; none for a PRM measured without them."""
+    (with its interval), ``.../learned_share``, ``.../spread_ratio`` and ``.../verdict_auroc``; none for a PRM
+    measured without them."""
     ceiling, train = prm.get("ceiling") or {}, prm.get("train_ranking") or {}
     level = (prm.get("ranking") or {}).get("ci")
     figures: dict[str, float | str] = {}
@@ -181,13 +208,15 @@ def ceiling_figures(prm: dict, regime: str) -> dict[str, float | str]:
             figures[f"{regime}/ceiling/modelled/ci"] = interval
         figures[f"{regime}/ceiling/split_half"] = _value(ceiling.get("split_half"))
     for scorer, value in (ceiling.get("learned_share") or {}).items():
-        figures[f"{regime}/ranking/{scorer}/learned_share"] = math.nan if value is None else float(value)
+        figures[f"{regime}/ranking/{scorer}/learned_share"] = _number(value)
     if train.get("pairwise_accuracy"):
         figures[f"{regime}/train/prm/pairwise_accuracy"] = _value(train["pairwise_accuracy"])
         if interval := _interval(train["pairwise_accuracy"], level):
             figures[f"{regime}/train/prm/pairwise_accuracy/ci"] = interval
         share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
-        figures[f"{regime}/train/prm/learned_share"] = math.nan if share is None else float(share)
+        figures[f"{regime}/train/prm/learned_share"] = _number(share)
+        figures[f"{regime}/train/prm/spread_ratio"] = _number(train.get("spread_ratio"))
+        figures[f"{regime}/train/prm/verdict_auroc"] = _number((train.get("verdicts") or {}).get("auroc"))
     return figures
 
 
@@ -297,7 +326,7 @@ def _table_order(key: str) -> tuple:
 def markdown(table: dict) -> str:
     """The table as Markdown: one column per seed (a figure with its interval), then the mean and the standard
     deviation over the seeds; blind figures first, then lookahead, each kind of PRM beside the other
-    (:func:`_table_order`); then the claims."""
+    (:func:`_table_order`); then the claims of the regimes some seed ran."""
     seeds = list(table["seeds"])
     keys = sorted({key for row in table["seeds"].values() for key in row if not key.endswith("/ci")},
                   key=_table_order)
@@ -322,11 +351,17 @@ def markdown(table: dict) -> str:
     level = f"{100 * CLAIM_CI:g}%"
     lines += ["", f"| claim (on the mean over at least {MIN_SEEDS} seeds: its {level} interval clears 0) "
               f"| mean difference [{level} interval] | holds |", "|---|---|---|"]
+    ran = {key.split("/", 1)[0] for row in table["seeds"].values() for key in row}
+    unrun = sorted({judged["difference"].split("/", 1)[0] for judged in table["claims"].values()} - ran)
     for claim, judged in table["claims"].items():
+        if judged["difference"].split("/", 1)[0] in unrun:
+            continue   # a regime no seed ran: named below the table, not listed as "not judged"
         mean = judged["mean"]
         shown = "n/a" if mean["value"] is None else f"{mean['value']:+.3f} {_interval(mean)}"
         holds = unjudged if judged["holds"] is None else "yes" if judged["holds"] else "no"
         lines.append(f"| {claim} | {shown} | {holds} |")
+    if unrun:
+        lines += ["", f"Not listed: the claims of {', '.join(unrun)}, which no seed ran (the table's JSON keeps them)."]
     return "\n".join(lines) + "\n"
 
 
