@@ -39,7 +39,8 @@ def test_the_table_over_seeds_averages_per_seed_figures_and_judges_claims_on_the
     assert row["blind/difference/best_of_n-random_of_n/clemscore/detectable"] == overall["clemscore"]["detectable"]
     played = summary["modes"]["greedy_sft"]["results"]["overall"]["percent_played"]
     assert row["blind/mode/greedy_sft/percent_played"] == played["value"]
-    assert row["blind/mode/greedy_sft/percent_played/ci"].endswith(f"[{played['ci_low']:+.3f}, {played['ci_high']:+.3f}]")
+    bounds = f"[{played['ci_low']:+.3f}, {played['ci_high']:+.3f}]"
+    assert row["blind/mode/greedy_sft/percent_played/ci"].endswith(bounds)
     assert row["blind/ranking/pairs_with_different_labels"] == summary["prm"]["ranking"]["pairs_with_different_labels"]
     assert not any(key.startswith("lookahead/") for key in row)   # no lookahead mode in the default run
 
