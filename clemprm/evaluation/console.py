@@ -118,9 +118,9 @@ def ceiling_lines(prm: dict) -> list[str]:
         lines.append(f"  train side ({train.get('pairs_with_different_labels')} pairs, ceiling "
                      f"{estimate(train_ceiling.get('modelled'), 3)}): PRM pairwise accuracy "
                      f"{estimate(train['pairwise_accuracy'], 3)} (learned share {number(shares.get('prm'))}), top-1 "
-                     f"regret {estimate(train.get('top1_regret'), 3)}, prediction spread {number(train.get('spread_ratio'))} "
-                     f"of the labels', verdict AUROC {number((train.get('verdicts') or {}).get('auroc'), 3)}; "
-                     f"{baselines}")
+                     f"regret {estimate(train.get('top1_regret'), 3)}, prediction spread "
+                     f"{number(train.get('spread_ratio'))} of the labels', verdict AUROC "
+                     f"{number((train.get('verdicts') or {}).get('auroc'), 3)}; {baselines}")
     if (prm.get("gate") or {}).get("diagnosis"):
         lines.append(f"  gate diagnosis: {prm['gate']['diagnosis']}")
     if (prm.get("gate") or {}).get("left_out"):

@@ -78,6 +78,14 @@ def _interval(estimate: dict | None, level: float | None = None) -> str | None:
     return bounds if level is None else f"{100 * level:g}% {bounds}"
 
 
+def _figure(key: str, estimate: dict | None, level: float | None) -> dict[str, float | str]:
+    """``key``: the estimate's value, and ``key/ci``: its interval (:func:`_interval`) where it has one."""
+    figure: dict[str, float | str] = {key: _value(estimate)}
+    if interval := _interval(estimate, level):
+        figure[f"{key}/ci"] = interval
+    return figure
+
+
 def _estimate(row: dict, key: str) -> dict:
     """A seed's figure under ``key`` with the interval :func:`_interval` wrote under ``key/ci`` and its level, read
     back (an interval without a level is read at :data:`UNMARKED_LEVEL`)."""
@@ -139,22 +147,19 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
     ranking; its modes may hold either regime's searches (each mode's own mark decides)."""
     row: dict[str, float | str] = {}
     kind = prm_kind(prm_metrics)
-    if prm_regime(summary) is not None:
-        regime = regime_name(prm_regime(summary), kind)
+    regime = prm_regime(summary) and regime_name(prm_regime(summary), kind)   # None: a run of no PRM
+    eval_level = (summary.get("bootstrap") or {}).get("ci")   # eval.ci
+    if regime is not None:
         prm = summary["prm"]
         ranking = prm.get("ranking") or {}
         for scorer, groups in (ranking.get("scorers") or {}).items():
-            for metric in RANKING_METRICS:
-                estimate = (groups.get(OVERALL) or {}).get(metric)
-                row[f"{regime}/ranking/{scorer}/{metric}"] = _value(estimate)
-                if interval := _interval(estimate, ranking.get("ci")):   # prm.ci
-                    row[f"{regime}/ranking/{scorer}/{metric}/ci"] = interval
+            for metric in RANKING_METRICS:   # each at prm.ci
+                row.update(_figure(f"{regime}/ranking/{scorer}/{metric}", (groups.get(OVERALL) or {}).get(metric),
+                                   ranking.get("ci")))
         for scorer, groups in (ranking.get("differences") or {}).items():
             for metric in RANKING_METRICS:
-                difference = (groups.get(OVERALL) or {}).get(metric)
-                row[f"{regime}/ranking/prm-{scorer}/{metric}"] = _value(difference)
-                if interval := _interval(difference, ranking.get("ci")):   # prm.ci
-                    row[f"{regime}/ranking/prm-{scorer}/{metric}/ci"] = interval
+                row.update(_figure(f"{regime}/ranking/prm-{scorer}/{metric}",
+                                   (groups.get(OVERALL) or {}).get(metric), ranking.get("ci")))
         if (pairs := ranking.get("pairs_with_different_labels")) is not None:
             row[f"{regime}/ranking/pairs_with_different_labels"] = float(pairs)
         row.update(ceiling_figures(prm, regime))
@@ -173,12 +178,9 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
                 overall = ((differences.get(control) or {}).get(search) or {}).get(OVERALL) or {}
                 for metric in DIFFERENCE_METRICS:
                     key = f"{regime_name(mode_regime, kind)}/difference/{search}-{control}/{metric}"
-                    row[key] = _value(overall.get(metric))
-                    if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
-                        row[f"{key}/ci"] = interval
+                    row.update(_figure(key, overall.get(metric), eval_level))
                     if (detectable := (overall.get(metric) or {}).get("detectable")) is not None:
                         row[f"{key}/detectable"] = float(detectable)
-    run_regime = prm_regime(summary) and regime_name(prm_regime(summary), kind)
     for mode, entry in modes.items():
         if entry.get("regime") not in SEARCH_CONTROLS:
             continue   # a mode of no search regime (none is played today), or a record from before the regimes
@@ -186,10 +188,8 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
         for metric in DIFFERENCE_METRICS:
             # under the run's regime: a lookahead run's greedy_sft is that run's, and its row never replaces the
             # blind run's figures when the two are joined (join_row)
-            key = f"{run_regime or regime_name(entry['regime'], kind)}/mode/{mode}/{metric}"
-            row[key] = _value(overall.get(metric))
-            if interval := _interval(overall.get(metric), (summary.get("bootstrap") or {}).get("ci")):
-                row[f"{key}/ci"] = interval
+            key = f"{regime or regime_name(entry['regime'], kind)}/mode/{mode}/{metric}"
+            row.update(_figure(key, overall.get(metric), eval_level))
     return row
 
 
@@ -203,16 +203,12 @@ def ceiling_figures(prm: dict, regime: str) -> dict[str, float | str]:
     level = (prm.get("ranking") or {}).get("ci")
     figures: dict[str, float | str] = {}
     if ceiling.get("modelled"):
-        figures[f"{regime}/ceiling/modelled"] = _value(ceiling["modelled"])
-        if interval := _interval(ceiling["modelled"], level):
-            figures[f"{regime}/ceiling/modelled/ci"] = interval
+        figures.update(_figure(f"{regime}/ceiling/modelled", ceiling["modelled"], level))
         figures[f"{regime}/ceiling/split_half"] = _value(ceiling.get("split_half"))
     for scorer, value in (ceiling.get("learned_share") or {}).items():
         figures[f"{regime}/ranking/{scorer}/learned_share"] = _number(value)
     if train.get("pairwise_accuracy"):
-        figures[f"{regime}/train/prm/pairwise_accuracy"] = _value(train["pairwise_accuracy"])
-        if interval := _interval(train["pairwise_accuracy"], level):
-            figures[f"{regime}/train/prm/pairwise_accuracy/ci"] = interval
+        figures.update(_figure(f"{regime}/train/prm/pairwise_accuracy", train["pairwise_accuracy"], level))
         share = ((train.get("ceiling") or {}).get("learned_share") or {}).get("prm")
         figures[f"{regime}/train/prm/learned_share"] = _number(share)
         figures[f"{regime}/train/prm/spread_ratio"] = _number(train.get("spread_ratio"))
