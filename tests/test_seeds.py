@@ -165,7 +165,8 @@ def blind_summary(accuracy: float, regret: float, quality: float) -> dict:
             "differences": {"random_of_n": {"best_of_n": {"overall": played}}}, "bootstrap": {"ci": 0.95}}
 
 
-PROBE = {"config": {"prm": {"kind": "probe"}}}   # the probe PRM stage's metrics.json, as far as the table reads it
+PROBE = {"config": {"prm": {"kind": "probe"}},   # the probe PRM stage's metrics.json, as far as the table reads it
+         "acceptance": {"accepted": 30, "examples": 60, "heldout": {"n": 20, "auroc": 0.91}}}
 LORA = {"config": {"prm": {"kind": "lora"}},
         "verdicts": {"side": "validation", "n": 64, "accepted": 40, "auroc": 0.58}}
 
@@ -181,6 +182,8 @@ def test_a_probe_run_is_tabulated_as_its_own_regime_with_each_figure_and_its_int
     assert probe["blind-probe/gate"] == "failed"
     assert all(key.startswith("blind-probe/") for key in probe)   # no figure of the probe's run under blind/
     assert "blind-probe/verdict_auroc" not in probe   # these metrics carry no held-out verdicts
+    assert probe["blind-probe/acceptance/heldout_auroc"] == 0.91   # the validity part on held-out answers
+    assert "blind/acceptance/heldout_auroc" not in lora   # a PRM trained on no verdicts
     assert seeds.seed_row(blind_summary(0.55, 0.10, 3.0)) == {   # no metrics: a PRM from before the kinds, LoRA
         key: value for key, value in lora.items() if key != "blind/verdict_auroc"}
     assert seeds.regime_override("blind-probe") == {"prm": {"kind": "probe"}} and seeds.regime_override("blind") == {}

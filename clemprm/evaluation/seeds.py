@@ -123,6 +123,13 @@ def verdict_auroc(prm_metrics: dict | None) -> float | None:
     return ((prm_metrics or {}).get("verdicts") or {}).get("auroc")
 
 
+def answers_auroc(prm_metrics: dict | None) -> float | None:
+    """The AUROC of the PRM's validity part on its own: its predictions for the game's verdicts on the played answers
+    of the instances kept out of its verdict training (``acceptance.heldout`` in results/prm/metrics.json); None
+    where the run trained on no verdicts."""
+    return ((((prm_metrics or {}).get("acceptance") or {}).get("heldout")) or {}).get("auroc")
+
+
 def prm_regime(summary: dict) -> str | None:
     """The regime of a summary's PRM: blind for one that read the candidate alone, lookahead for one that read the
     game's reply (a PRM from before ``prm.input`` existed read it); None without a PRM."""
@@ -139,7 +146,8 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
     ``<regime>/difference/<search>-<control>/<metric>`` (each figure with its interval as text under the same key +
     ``/ci``, led by its level: the summary's ``eval.ci``, the ranking's ``prm.ci``; a difference's is paired),
     the labels' ceiling and learned shares (:func:`ceiling_figures`), ``<regime>/gate``,
-    ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it),
+    ``<regime>/verdict_auroc`` (:func:`verdict_auroc`, where the metrics carry it) and
+    ``<regime>/acceptance/heldout_auroc`` (:func:`answers_auroc`),
     ``<regime>/ranking/pairs_with_different_labels`` (the held-out yardstick's size) and
     ``<regime>/head/change_over_initial_norm`` (how far the LoRA PRM's score head left its start); beside each
     difference the smallest the run could detect (``.../detectable``), and each mode's own figures
@@ -166,6 +174,8 @@ def seed_row(summary: dict, prm_metrics: dict | None = None) -> dict[str, float 
         row[f"{regime}/gate"] = (prm.get("gate") or {}).get("status") or "n/a"
         if (auroc := verdict_auroc(prm_metrics)) is not None:
             row[f"{regime}/verdict_auroc"] = auroc
+        if (auroc := answers_auroc(prm_metrics)) is not None:
+            row[f"{regime}/acceptance/heldout_auroc"] = float(auroc)
         if (moved := ((prm_metrics or {}).get("head") or {}).get("change_over_initial_norm")) is not None:
             row[f"{regime}/head/change_over_initial_norm"] = float(moved)
     differences = summary.get("differences") or {}
